@@ -1,0 +1,191 @@
+"""One typed settings object, read by the CLI, the server and the service alike.
+
+Precedence, lowest first: field defaults < device profile < TOML file
+(`configs/edge.toml` of a checkout, or `--config FILE`, or `EDGE_CONFIG`) <
+`EDGE_*` environment variables < CLI flags (passed as init kwargs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from edge.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIGS_DIR = REPO_ROOT / "configs"
+PROFILES_DIR = CONFIGS_DIR / "devices"
+
+KVType = Literal["f16", "q8_0", "q4_0"]
+
+
+def _default_models_dir() -> Path:
+    """`models/` of a source checkout, else the per-user data directory."""
+    if (REPO_ROOT / "models" / "catalog.toml").exists() and os.access(REPO_ROOT / "models", os.W_OK):
+        return REPO_ROOT / "models"
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("edge", appauthor=False)) / "models"
+
+
+class Settings(BaseSettings):
+    """Every knob of edge, each with a description and bounds."""
+
+    model_config = SettingsConfigDict(env_prefix="EDGE_", extra="forbid", validate_default=True, frozen=False)
+
+    # --- model store ---
+    models_dir: Path = Field(
+        default_factory=_default_models_dir,
+        description="Where pulled models live (env EDGE_MODELS_DIR).",
+    )
+    default_model: str = Field(
+        "smollm2-135m-instruct", min_length=1, description="Catalog model served when none is named."
+    )
+
+    # --- device ---
+    profile: str | None = Field(
+        None, description="Device profile in configs/devices (None: detect from the machine)."
+    )
+    memory_reserve_bytes: int | None = Field(
+        None, ge=0, description="Memory kept free for the OS and other programs (None: from the profile)."
+    )
+
+    # --- model loading ---
+    n_ctx: int | None = Field(
+        None, ge=16, le=1 << 20, description="Context length in tokens (None: the planner picks)."
+    )
+    kv_type: KVType = Field("f16", description="KV cache element type.")
+    gpu_layers: int | Literal["auto"] = Field(
+        "auto", description="Layers offloaded to the GPU; 'auto' lets the planner decide."
+    )
+    n_batch: int = Field(512, ge=16, le=8192, description="Maximum tokens per llama_decode batch.")
+    threads: int | None = Field(
+        None, ge=1, le=256, description="Decode threads (None: from the profile or CPU count)."
+    )
+    slots: int = Field(4, ge=1, le=64, description="Sequences that may share one batch.")
+
+    # --- server ---
+    host: str = Field("127.0.0.1", description="Bind address; non-loopback needs an API key.")
+    port: int = Field(8088, ge=0, le=65535, description="TCP port (0: any free port).")
+    api_key: str | None = Field(None, description="Bearer key (env EDGE_API_KEY).", repr=False)
+    api_key_file: Path | None = Field(None, description="File holding the bearer key.")
+    insecure: bool = Field(False, description="Allow a non-loopback bind without an API key.")
+    max_queue: int = Field(64, ge=0, le=100_000, description="Requests allowed to wait.")
+    max_tokens_cap: int = Field(4096, ge=1, le=1 << 20, description="Upper bound on max_tokens.")
+    max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="Largest request body accepted.")
+    cors_origins: list[str] = Field(default_factory=list, description="CORS origins (empty: off).")
+    log_prompts: bool = Field(False, description="Log prompts and outputs (debug only).")
+    drain_timeout_s: float = Field(
+        30.0, ge=0, le=3600, description="Time running requests get to finish on SIGTERM."
+    )
+    keep_alive_s: float | None = Field(
+        None, ge=0, description="Unload the model after this idle time (None: never)."
+    )
+
+    # --- telemetry ---
+    telemetry: str = Field(
+        "auto", description="Telemetry source: auto, linux, jetson, macos, sim:PROFILE, none."
+    )
+    sysfs_root: Path = Field(Path("/sys"), description="Root of the sysfs tree to read.")
+    procfs_root: Path = Field(Path("/proc"), description="Root of the procfs tree to read.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = os.environ.get("EDGE_CONFIG") or str(CONFIGS_DIR / "edge.toml")
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=toml_path),
+        )
+
+    def resolved_api_key(self) -> str | None:
+        """The key from `api_key`, else the first line of `api_key_file`."""
+        if self.api_key:
+            return self.api_key
+        if self.api_key_file is not None:
+            try:
+                return self.api_key_file.read_text().strip() or None
+            except OSError as exc:
+                raise ConfigError("api_key_file", str(exc)) from exc
+        return None
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from defaults, TOML, env and `overrides` (CLI flags; None values skipped)."""
+    kwargs = {k: v for k, v in overrides.items() if v is not None}
+    old = os.environ.get("EDGE_CONFIG")
+    try:
+        if config_file is not None:
+            if not config_file.is_file():
+                raise ConfigError("config", f"no such file: {config_file}")
+            os.environ["EDGE_CONFIG"] = str(config_file)
+        return Settings(**kwargs)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(".".join(str(p) for p in err["loc"]) or "settings", err["msg"]) from exc
+    finally:
+        if config_file is not None:
+            if old is None:
+                os.environ.pop("EDGE_CONFIG", None)
+            else:
+                os.environ["EDGE_CONFIG"] = old
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Facts about a class of device used when the device itself does not tell."""
+
+    name: str
+    description: str
+    unified_memory: bool
+    memory_reserve_bytes: int
+    gpu_layers: int | Literal["auto"]
+    thermal_limit_c: float  # passive trip used when no trip point is exposed
+    thermal_critical_c: float
+    default_threads: int | None = None  # None: physical CPU count
+    # Simulated-device parameters (first-order RC); also sizes the thermal model.
+    ambient_c: float = 25.0
+    idle_power_w: float = 5.0
+    max_power_w: float = 15.0
+    thermal_resistance_c_per_w: float = 4.0
+    thermal_tau_s: float = 60.0
+
+
+def list_profiles(profiles_dir: Path = PROFILES_DIR) -> list[str]:
+    return sorted(p.stem for p in profiles_dir.glob("*.toml"))
+
+
+def load_profile(name: str, profiles_dir: Path = PROFILES_DIR) -> DeviceProfile:
+    path = profiles_dir / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(list_profiles(profiles_dir))
+        raise ConfigError("profile", f"unknown profile {name!r}; known: {known}")
+    with path.open("rb") as fh:
+        data = tomllib.load(fh)
+    try:
+        return DeviceProfile(name=name, **data)
+    except TypeError as exc:
+        raise ConfigError("profile", f"{path}: {exc}") from exc

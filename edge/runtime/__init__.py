@@ -1,0 +1,1 @@
+"""Runtime: the only package that imports llama_cpp."""

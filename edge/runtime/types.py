@@ -1,0 +1,168 @@
+"""Plain types shared by the engine, the scheduler and the API.
+
+This module must not import `llama_cpp`: the scheduler and API import it
+without touching the native library, and tests build these objects freely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from typing import Any, Protocol
+
+
+class Priority(IntEnum):
+    """Smaller runs first. Interactive chat always goes before background jobs."""
+
+    INTERACTIVE = 0
+    BACKGROUND = 1
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # end-of-generation token or a stop string
+    LENGTH = "length"  # max_tokens reached or the context is full
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class EngineState(str, Enum):
+    """Lifecycle of the engine; reported by /ready and /v1/status.
+
+    LOADING -> READY <-> PAUSED; READY/PAUSED -> DRAINING -> STOPPED;
+    any -> FAILED when the model cannot be loaded.
+    """
+
+    LOADING = "loading"
+    READY = "ready"
+    PAUSED = "paused"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampler-chain settings; validated by `validate()` before a request is queued."""
+
+    temperature: float = 0.8  # 0 means greedy
+    top_k: int = 40  # 0 disables
+    top_p: float = 0.95  # 1.0 disables
+    min_p: float = 0.05  # 0 disables
+    repeat_penalty: float = 1.0  # 1.0 disables
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None  # None: a fresh random seed per request
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> bias
+    grammar: str | None = None  # GBNF, root rule "root"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion to run. `prompt` is text (tokenized with BOS as the model wants) or token ids."""
+
+    prompt: str | list[int]
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    priority: Priority = Priority.INTERACTIVE
+    request_id: str = ""
+    # Text prompts from chat templates already contain BOS text; the renderer sets this False.
+    add_bos: bool = True
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache (prefix reuse)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A piece of output. The last event of a request has `finish_reason` set (and maybe empty text)."""
+
+    text: str
+    n_tokens: int = 0  # tokens this event accounts for
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None  # set on the last event
+    error: Exception | None = None  # set when finish_reason is ERROR
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What the scheduler may turn while the engine runs; applied at the next step."""
+
+    active_limit: int  # sequences decoding at once; surplus is parked (KV and output kept)
+    n_threads: int
+    duty: float = 1.0  # fraction of wall time spent stepping, (0, 1]; <1 idles between steps
+    paused: bool = False  # no steps at all; KV kept
+    admit_background: bool = True  # start new background sequences
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Snapshot after the last step, for the scheduler and /metrics."""
+
+    state: EngineState
+    step_time_s: float  # wall time of the last step (decode + sampling + bookkeeping)
+    decode_time_s: float  # time inside llama_decode in the last step
+    tokens_decoded: int  # generated tokens in the last step
+    tokens_prefilled: int  # prompt tokens evaluated in the last step
+    active: int  # sequences decoding
+    parked: int  # admitted but held back by the active limit
+    waiting: int  # not yet admitted to a slot
+    waiting_interactive: int
+    kv_cells_used: int
+    kv_cells_total: int
+    n_slots: int
+    knobs: Knobs
+    total_tokens_decoded: int = 0
+    total_tokens_prefilled: int = 0
+    total_steps: int = 0
+    last_progress_s: float = 0.0  # monotonic time of the last finished step (watchdog)
+
+
+class RequestHandleLike(Protocol):
+    """What `submit` returns: a stream of `TokenEvent`s ending with one that has `finish_reason`."""
+
+    request_id: str
+
+    def __iter__(self) -> Iterator[TokenEvent]: ...  # blocking, for threads and the CLI
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]: ...  # for asyncio (the API)
+
+    def cancel(self) -> None: ...  # frees the sequence and its KV at the next step
+
+    @property
+    def done(self) -> bool: ...
+
+
+class EngineLike(Protocol):
+    """The engine as the API and the scheduler see it (fakes in tests implement this)."""
+
+    model_name: str
+    n_ctx: int  # context length per sequence
+    n_slots: int
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...  # any thread
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+
+    def submit(self, request: GenerationRequest) -> RequestHandleLike: ...  # raises typed errors
+
+    def apply(self, knobs: Knobs) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    @property
+    def state(self) -> EngineState: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, drain_timeout_s: float = 0.0) -> None: ...

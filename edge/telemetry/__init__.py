@@ -1,0 +1,1 @@
+"""Telemetry: one module per platform, each reading its sensors independently."""

@@ -1,0 +1,78 @@
+"""What one telemetry reading says about the device.
+
+Every field may be None: None means *unknown* (sensor missing or unreadable),
+never "nominal". The scheduler treats unknown thermal state conservatively.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class PressureLevel(IntEnum):
+    """OS-reported pressure, ordered so that larger is worse.
+
+    Thermal: macOS `com.apple.system.thermalpressurelevel` 0..4 maps onto
+    NOMINAL..SLEEPING. Memory: macOS `kern.memorystatus_vm_pressure_level`
+    1/2/4 maps to NOMINAL/MODERATE/CRITICAL; Linux PSI is mapped by thresholds.
+    """
+
+    NOMINAL = 0
+    MODERATE = 1
+    HEAVY = 2
+    CRITICAL = 3  # macOS "trapping"
+    SLEEPING = 4
+
+
+@dataclass(frozen=True)
+class ThermalZone:
+    name: str
+    temp_c: float | None
+    passive_trip_c: float | None = None  # lowest passive trip: where the kernel throttles
+    critical_trip_c: float | None = None
+
+
+@dataclass(frozen=True)
+class PowerRail:
+    """One measured supply rail (Jetson INA3221 channel or jtop rail)."""
+
+    name: str  # e.g. "VDD_IN" (whole module), "VDD_CPU_GPU_CV", "VDD_SOC"
+    power_w: float | None
+    voltage_v: float | None = None
+    current_a: float | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of every sensor, taken at monotonic time `t_s`."""
+
+    t_s: float
+    source: str  # "linux", "jetson", "jtop", "macos", "sim:PROFILE", "none"
+    # --- thermal ---
+    zones: tuple[ThermalZone, ...] = ()
+    temp_c: float | None = None  # the hottest relevant sensor
+    limit_c: float | None = None  # lowest passive trip found (None: use the profile)
+    critical_c: float | None = None
+    kernel_throttling: bool | None = None  # cooling device active or frequency capped
+    thermal_pressure: PressureLevel | None = None  # OS-level (macOS)
+    power_w: float | None = None
+    # --- memory ---
+    mem_total_bytes: int | None = None
+    mem_available_bytes: int | None = None  # min(MemAvailable, cgroup headroom)
+    cgroup_limit_bytes: int | None = None
+    cgroup_current_bytes: int | None = None
+    psi_some_avg10: float | None = None  # percent
+    psi_full_avg10: float | None = None
+    memory_pressure: PressureLevel | None = None  # OS-level (macOS) or derived from PSI
+    # --- extra ---
+    gpu_load_pct: float | None = None
+    rails: tuple[PowerRail, ...] = ()  # power_w is the total (VDD_IN) when a rail says so
+    cooling_active: bool | None = None  # a CPU/GPU cooling device has cur_state > 0
+    freq_capped: bool | None = None  # some CPU has scaling_max_freq < cpuinfo_max_freq (any cause)
+    nvmap_used_bytes: int | None = None  # Jetson: NvMapMemUsed (GPU buffers in shared RAM)
+    errors: tuple[str, ...] = field(default_factory=tuple)  # one line per failed read
+
+    @property
+    def thermal_known(self) -> bool:
+        return self.temp_c is not None or self.thermal_pressure is not None

@@ -1,0 +1,52 @@
+"""Install edge: `pip install -e .` (add `[dev]` for tests, `[jetson]` on a Jetson)."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="edge",
+    version="0.1.0",
+    description="On-device LLM inference runtime that throttles before the device does",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["edge", "edge.*"]),
+    include_package_data=True,
+    package_data={"edge": ["py.typed"]},
+    install_requires=[
+        "numpy>=1.24",
+        # The low-level API (batch, memory, sampler chain) moves between releases:
+        # pinned to the version the engine is tested against.
+        "llama-cpp-python==0.3.36",
+        "gguf>=0.17,<0.20",
+        "psutil>=5.9",
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "pydantic>=2.6",
+        "pydantic-settings>=2.3",  # typed settings with env + TOML sources
+        "jinja2>=3.1",  # sandboxed chat templates
+        "prometheus-client>=0.20",  # /metrics text format and its parser
+        "sse-starlette>=2.0",  # SSE framing, pings and disconnect detection
+        "tqdm>=4.66",  # download progress on a terminal
+        "platformdirs>=4.0",  # per-user model store on every OS
+        "tomli>=2.0; python_version<'3.11'",
+    ],
+    extras_require={
+        "jetson": ["jetson-stats>=4.2"],
+        "dev": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "ruff>=0.6",
+            "openai>=1.40",  # end-to-end tests drive the server with the official SDK
+            "httpx>=0.27",
+        ],
+    },
+    entry_points={"console_scripts": ["edge=edge.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Operating System :: POSIX :: Linux",
+        "Operating System :: MacOS",
+    ],
+)

@@ -1,0 +1,31 @@
+"""Shared fixtures: real models pulled once into a cache, shared across runs.
+
+Model tests never skip for a missing model: `edge pull` fetches it (as CI does),
+and a failure to fetch is a test failure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_MODELS_DIR = Path(os.environ.get("EDGE_TEST_MODELS_DIR", REPO / ".cache" / "models"))
+
+
+def _pulled(name: str) -> Path:
+    from edge.store import ModelStore
+
+    return ModelStore(TEST_MODELS_DIR).ensure(name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return _pulled("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    return _pulled("gemma3-270m")
