@@ -1,0 +1,119 @@
+"""Pick the telemetry source `serve` will use, from `settings.telemetry`.
+
+auto: macOS -> macos, a Jetson -> jetson, other Linux -> linux, else none.
+`sim:PROFILE` builds the simulated RC device (edge.telemetry.simulated).
+`none` gives a source whose every reading is unknown, so the scheduler runs in
+its conservative mode rather than believing the device is cool.
+"""
+
+from __future__ import annotations
+
+import platform as _platform
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge.clock import Clock, SystemClock
+from edge.errors import ConfigError
+from edge.probe import PlatformKind, detect_platform
+from edge.telemetry.monitor import TelemetrySource
+from edge.telemetry.sample import Sample
+
+KINDS = ("auto", "linux", "jetson", "macos", "none")
+
+
+class NullSource:
+    """Telemetry switched off: every field unknown, and it says so."""
+
+    name = "none"
+
+    def __init__(self, clock: Clock | None = None, reason: str = "telemetry disabled") -> None:
+        self.clock = clock or SystemClock()
+        self.reason = reason
+
+    def read(self) -> Sample:
+        return Sample(t_s=self.clock.monotonic(), source=self.name, errors=(self.reason,))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass(frozen=True)
+class SourceChoice:
+    spec: str  # what was asked: "auto", "jetson", "sim:jetson-orin-nano", ...
+    kind: str  # what it resolves to: "linux", "jetson", "macos", "sim", "none"
+    profile: str | None = None  # for sim
+    reason: str = ""
+
+
+def resolve(
+    spec: str,
+    root: Path = Path("/"),
+    sysfs_root: Path | None = None,
+    procfs_root: Path | None = None,
+    system: Callable[[], str] = _platform.system,
+    machine: Callable[[], str] = _platform.machine,
+) -> SourceChoice:
+    """Which source a spec means on this machine; raises ConfigError for an unknown spec."""
+    spec = spec.strip()
+    if spec.startswith("sim:"):
+        profile = spec[4:]
+        if not profile:
+            raise ConfigError("telemetry", "sim: needs a profile name, e.g. sim:jetson-orin-nano")
+        return SourceChoice(spec, "sim", profile, "simulated device")
+    if spec not in KINDS:
+        raise ConfigError(
+            "telemetry", f"unknown source {spec!r}; use one of {', '.join(KINDS)} or sim:PROFILE"
+        )
+    if spec != "auto":
+        return SourceChoice(spec, spec, reason="set in settings")
+    info = detect_platform(root, sysfs_root, procfs_root, system, machine)
+    if info.kind in (PlatformKind.APPLE_SILICON, PlatformKind.MACOS_INTEL):
+        return SourceChoice(spec, "macos", reason="macOS")
+    if info.kind is PlatformKind.JETSON:
+        return SourceChoice(spec, "jetson", reason=f"Jetson ({info.model or info.l4t_release})")
+    if info.system == "Linux":
+        board = "" if info.kind is PlatformKind.LINUX else f" ({info.model or info.kind.value})"
+        return SourceChoice(spec, "linux", reason=f"Linux{board}")
+    return SourceChoice(spec, "none", reason=f"no telemetry for {info.system}")
+
+
+def make_source(
+    spec: str = "auto",
+    sysfs_root: Path = Path("/sys"),
+    procfs_root: Path = Path("/proc"),
+    clock: Clock | None = None,
+    root: Path = Path("/"),
+    system: Callable[[], str] = _platform.system,
+    machine: Callable[[], str] = _platform.machine,
+) -> TelemetrySource:
+    """Build the source for `spec` (settings.telemetry)."""
+    choice = resolve(spec, root, sysfs_root, procfs_root, system, machine)
+    if choice.kind == "sim":
+        from edge.telemetry.simulated import make_source as make_simulated
+
+        assert choice.profile is not None
+        return make_simulated(choice.profile, clock=clock)
+    if choice.kind == "jetson":
+        from edge.telemetry.jetson import JetsonSource
+
+        return JetsonSource(sysfs_root, procfs_root, clock)
+    if choice.kind == "linux":
+        from edge.telemetry.linux import LinuxSource
+
+        return LinuxSource(sysfs_root, procfs_root, clock)
+    if choice.kind == "macos":
+        from edge.telemetry.macos import MacOSSource
+
+        return MacOSSource(clock=clock)
+    return NullSource(clock, reason=choice.reason or "telemetry disabled")
+
+
+def source_from_settings(settings: object, clock: Clock | None = None) -> TelemetrySource:
+    """`make_source` from an `edge.config.Settings` (telemetry, sysfs_root, procfs_root)."""
+    return make_source(
+        getattr(settings, "telemetry", "auto"),
+        getattr(settings, "sysfs_root", Path("/sys")),
+        getattr(settings, "procfs_root", Path("/proc")),
+        clock,
+    )

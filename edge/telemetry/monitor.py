@@ -1,0 +1,259 @@
+"""Turns raw samples into what the thermal controller needs: a smoothed temperature,
+its slope, the limit it must stay under, and whether the data can be trusted.
+
+Sampling runs at 1 Hz, and at 2 Hz within `near_limit_c` of the limit (or at
+macOS thermal pressure >= moderate), where a late reaction costs most.
+Temperature is smoothed with a time-constant EMA (the
+alpha follows the real gap between samples, so 1 Hz and 2 Hz smooth alike) and
+the slope is a least-squares fit over the last `slope_window_s` of smoothed
+points: a two-point difference of a noisy sensor would swing the forecast
+`T + h * dT/dt` by tens of degrees.
+
+`Monitor.poll(now_s)` is called from the scheduler's loop (tests drive it with a
+fake clock); `MonitorThread` runs the same poll in the background in production.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from edge.clock import Clock, SystemClock
+from edge.config import DeviceProfile
+from edge.telemetry.sample import PressureLevel, Sample
+
+
+class TelemetrySource(Protocol):
+    """What every platform source provides (linux, jetson, macos, sim:PROFILE, none)."""
+
+    name: str
+
+    def read(self) -> Sample: ...
+
+    def close(self) -> None: ...
+
+
+class LimitOrigin(str, Enum):
+    SENSOR = "sensor"  # lowest passive trip point read from the device
+    PROFILE = "profile"  # the device profile's thermal_limit_c
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class MonitorReading:
+    """The latest state of the device as the scheduler sees it. None = unknown."""
+
+    t_s: float  # monitor clock time this reading describes
+    source: str
+    sample: Sample | None  # the last sample read (None before the first success)
+    temp_c: float | None  # EMA-smoothed; None when the latest sample had no temperature
+    raw_temp_c: float | None
+    slope_c_per_s: float | None  # least-squares slope of temp_c; None until enough points
+    limit_c: float | None  # sample.limit_c, else the profile's thermal_limit_c
+    critical_c: float | None
+    limit_origin: LimitOrigin
+    stale: bool  # no fresh sample for > stale_periods periods, or the source raised
+    age_s: float | None  # time since the last successful read
+    period_s: float  # sampling period in force (1 s, or 0.5 s near the limit)
+    error: str | None = None  # why the last read failed, when it did
+
+    @property
+    def headroom_c(self) -> float | None:
+        if self.temp_c is None or self.limit_c is None:
+            return None
+        return self.limit_c - self.temp_c
+
+
+def least_squares_slope(points: list[tuple[float, float]]) -> float | None:
+    """Slope of y over t by ordinary least squares; None for fewer than 2 distinct t."""
+    n = len(points)
+    if n < 2:
+        return None
+    mean_t = sum(t for t, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    if var_t <= 0:
+        return None
+    return sum((t - mean_t) * (y - mean_y) for t, y in points) / var_t
+
+
+class Monitor:
+    """Samples a source on a schedule and keeps the smoothed state. Thread-safe."""
+
+    def __init__(
+        self,
+        source: TelemetrySource,
+        clock: Clock | None = None,
+        profile: DeviceProfile | None = None,
+        *,
+        period_s: float = 1.0,
+        fast_period_s: float = 0.5,
+        near_limit_c: float = 10.0,
+        ema_tau_s: float = 3.0,
+        slope_window_s: float = 15.0,
+        min_slope_span_s: float = 3.0,
+        stale_periods: float = 3.0,
+    ) -> None:
+        if not 0 < fast_period_s <= period_s:
+            raise ValueError("need 0 < fast_period_s <= period_s")
+        self.source = source
+        self.clock = clock or SystemClock()
+        self.profile = profile
+        self.period_s = period_s
+        self.fast_period_s = fast_period_s
+        self.near_limit_c = near_limit_c
+        self.ema_tau_s = ema_tau_s
+        self.slope_window_s = slope_window_s
+        self.min_slope_span_s = min_slope_span_s
+        self.stale_after_s = stale_periods * period_s
+        self._lock = threading.Lock()
+        self._sample: Sample | None = None
+        self._ema_c: float | None = None
+        self._last_temp_s: float | None = None
+        self._history: deque[tuple[float, float]] = deque()  # (t_s, smoothed °C)
+        self._last_ok_s: float | None = None
+        self._error: str | None = None
+        self._period_s = period_s
+        self._next_due_s: float | None = None
+        self.reads = 0  # successful reads, for tests and /metrics
+        self.failures = 0
+
+    # --- driving ---
+
+    @property
+    def next_due_s(self) -> float | None:
+        """When the next sample is due (None before the first poll)."""
+        return self._next_due_s
+
+    def poll(self, now_s: float | None = None) -> MonitorReading:
+        """Read the source if a sample is due, then return the latest reading."""
+        now = self.clock.monotonic() if now_s is None else now_s
+        if self._next_due_s is None or now >= self._next_due_s:
+            self.sample_now(now)
+        return self.latest(now)
+
+    def sample_now(self, now_s: float | None = None) -> None:
+        """Read the source at once (outside the schedule), then reschedule."""
+        now = self.clock.monotonic() if now_s is None else now_s
+        try:
+            sample = self.source.read()
+        except Exception as exc:  # any source failure makes the data stale, never fatal
+            with self._lock:
+                self.failures += 1
+                self._error = f"{type(exc).__name__}: {exc}"
+                self._next_due_s = self._after(now)
+            return
+        with self._lock:
+            self.reads += 1
+            self._error = None
+            self._sample = sample
+            self._last_ok_s = now
+            self._update_temp(now, sample.temp_c)
+            self._period_s = self._choose_period(sample)
+            self._next_due_s = self._after(now)
+
+    def _after(self, now: float) -> float:
+        """Next due time, anchored to the previous one so a late poll does not drift the rate."""
+        due = self._next_due_s
+        if due is not None and 0.0 <= now - due < self._period_s:
+            return due + self._period_s
+        return now + self._period_s
+
+    def _update_temp(self, now: float, temp_c: float | None) -> None:
+        if temp_c is None:
+            return  # keep the filter; latest() reports unknown while the sensor is silent
+        gap_s = None if self._last_temp_s is None else now - self._last_temp_s
+        if self._ema_c is None or gap_s is None or gap_s > self.stale_after_s:
+            self._ema_c = temp_c  # first reading, or a gap too long to bridge: restart
+            self._history.clear()
+        else:
+            alpha = 1.0 - math.exp(-max(gap_s, 0.0) / self.ema_tau_s) if self.ema_tau_s > 0 else 1.0
+            self._ema_c += alpha * (temp_c - self._ema_c)
+        self._last_temp_s = now
+        self._history.append((now, self._ema_c))
+        while self._history and self._history[0][0] < now - self.slope_window_s:
+            self._history.popleft()
+
+    def _limits(self, sample: Sample | None) -> tuple[float | None, float | None, LimitOrigin]:
+        limit_c = sample.limit_c if sample is not None else None
+        critical_c = sample.critical_c if sample is not None else None
+        origin = LimitOrigin.SENSOR if limit_c is not None else LimitOrigin.UNKNOWN
+        if limit_c is None and self.profile is not None:
+            limit_c, origin = self.profile.thermal_limit_c, LimitOrigin.PROFILE
+        if critical_c is None and self.profile is not None:
+            critical_c = self.profile.thermal_critical_c
+        return limit_c, critical_c, origin
+
+    def _choose_period(self, sample: Sample) -> float:
+        limit_c, _, _ = self._limits(sample)
+        temps = [t for t in (sample.temp_c, self._ema_c) if t is not None]
+        if limit_c is not None and temps and max(temps) >= limit_c - self.near_limit_c:
+            return self.fast_period_s
+        if sample.thermal_pressure is not None and sample.thermal_pressure >= PressureLevel.MODERATE:
+            return self.fast_period_s  # macOS: no temperature, but the OS says it is warming
+        return self.period_s
+
+    # --- reading ---
+
+    def latest(self, now_s: float | None = None) -> MonitorReading:
+        now = self.clock.monotonic() if now_s is None else now_s
+        with self._lock:
+            sample = self._sample
+            age_s = None if self._last_ok_s is None else now - self._last_ok_s
+            stale = self._error is not None or age_s is None or age_s > self.stale_after_s
+            live = sample is not None and sample.temp_c is not None
+            span_ok = len(self._history) >= 3 and (
+                self._history[-1][0] - self._history[0][0] >= self.min_slope_span_s
+            )
+            slope = least_squares_slope(list(self._history)) if live and span_ok else None
+            limit_c, critical_c, origin = self._limits(sample)
+            return MonitorReading(
+                t_s=now,
+                source=sample.source if sample is not None else self.source.name,
+                sample=sample,
+                temp_c=self._ema_c if live else None,
+                raw_temp_c=sample.temp_c if sample is not None else None,
+                slope_c_per_s=slope,
+                limit_c=limit_c,
+                critical_c=critical_c,
+                limit_origin=origin,
+                stale=stale,
+                age_s=age_s,
+                period_s=self._period_s,
+                error=self._error,
+            )
+
+
+class MonitorThread:
+    """Runs `monitor.poll()` in a daemon thread, sleeping until the next sample is due."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="edge-telemetry", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        clock = self.monitor.clock
+        while not self._stop.is_set():
+            self.monitor.poll()
+            due = self.monitor.next_due_s
+            wait_s = self.monitor.period_s if due is None else max(0.0, due - clock.monotonic())
+            self._stop.wait(min(wait_s, self.monitor.period_s))
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        self.monitor.source.close()
