@@ -1,0 +1,69 @@
+"""Which ggml backends this llama-cpp-python build has.
+
+A wheel built for CPU silently runs everything on the CPU even when a Jetson's
+GPU is right there, so `edge doctor` reports what the build really contains:
+the shared libraries shipped next to the bindings, llama.cpp's system-info
+string and `llama_supports_gpu_offload()`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+_BACKEND_LIBS = {
+    "cuda": ("libggml-cuda",),
+    "metal": ("libggml-metal",),
+    "vulkan": ("libggml-vulkan",),
+    "blas": ("libggml-blas",),
+    "cpu": ("libggml-cpu", "libggml"),
+}
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    llama_cpp_version: str | None
+    has_cpu: bool
+    has_cuda: bool
+    has_metal: bool
+    has_blas: bool
+    gpu_offload: bool
+    system_info: str
+    libraries: tuple[str, ...]
+    error: str | None = None  # set when llama_cpp cannot be imported
+
+
+def _libraries(lib_dir: Path) -> tuple[str, ...]:
+    if not lib_dir.is_dir():
+        return ()
+    return tuple(sorted(p.name for p in lib_dir.iterdir() if ".so" in p.name or p.suffix == ".dylib"))
+
+
+def _has(libs: tuple[str, ...], system_info: str, kind: str) -> bool:
+    if any(lib.startswith(prefix) for lib in libs for prefix in _BACKEND_LIBS[kind]):
+        return True
+    return f"{kind.upper()} :" in system_info.upper()
+
+
+@functools.lru_cache(maxsize=1)
+def probe_backends() -> BackendInfo:
+    """Inspect the installed build once per process (importing llama_cpp loads the libraries)."""
+    try:
+        import llama_cpp
+    except Exception as exc:  # ImportError, or OSError from a broken shared library
+        return BackendInfo(None, False, False, False, False, False, "", (), error=str(exc))
+    llama_cpp.llama_backend_init()
+    raw = llama_cpp.llama_print_system_info()
+    system_info = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    libs = _libraries(Path(llama_cpp.__file__).parent / "lib")
+    return BackendInfo(
+        llama_cpp_version=getattr(llama_cpp, "__version__", None),
+        has_cpu=True,  # every build carries the CPU backend
+        has_cuda=_has(libs, system_info, "cuda"),
+        has_metal=_has(libs, system_info, "metal"),
+        has_blas=_has(libs, system_info, "blas"),
+        gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
+        system_info=system_info.strip(),
+        libraries=libs,
+    )
