@@ -1,0 +1,184 @@
+"""Sampler chains in llama.cpp, one per sequence, and validation of `SamplingParams`.
+
+All per-token work on logits happens in C: the chain is
+logit-bias -> penalties -> grammar -> (greedy | top-k -> top-p -> min-p -> temp -> dist(seed)),
+the order llama.cpp's own `common_sampler` uses. Python only calls
+`llama_sampler_sample(chain, ctx, i)` once per generated token.
+
+Validation runs in the caller's thread at submit time, so a bad value is an
+`InvalidRequest` before the request is queued, never a failure mid-stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import llama_cpp
+
+from edge.errors import InvalidRequest
+from edge.runtime.types import SamplingParams
+
+SamplerPtr = Any  # ctypes pointer to struct llama_sampler
+
+
+def validate_sampling(p: SamplingParams, n_vocab: int) -> None:
+    """Raise `InvalidRequest` naming the first out-of-range field."""
+
+    def bad(param: str, why: str) -> InvalidRequest:
+        return InvalidRequest(f"{param} {why}", param=param)
+
+    if not math.isfinite(p.temperature) or p.temperature < 0:
+        raise bad("temperature", f"must be a finite number >= 0, got {p.temperature}")
+    if p.top_k < 0:
+        raise bad("top_k", f"must be >= 0 (0 disables), got {p.top_k}")
+    if not (math.isfinite(p.top_p) and 0.0 < p.top_p <= 1.0):
+        raise bad("top_p", f"must be in (0, 1], got {p.top_p}")
+    if not (math.isfinite(p.min_p) and 0.0 <= p.min_p <= 1.0):
+        raise bad("min_p", f"must be in [0, 1], got {p.min_p}")
+    if not (math.isfinite(p.repeat_penalty) and p.repeat_penalty > 0):
+        raise bad("repeat_penalty", f"must be > 0 (1 disables), got {p.repeat_penalty}")
+    if p.repeat_last_n < -1:
+        raise bad("repeat_last_n", f"must be >= -1, got {p.repeat_last_n}")
+    for name in ("frequency_penalty", "presence_penalty"):
+        v = getattr(p, name)
+        if not (math.isfinite(v) and -2.0 <= v <= 2.0):
+            raise bad(name, f"must be in [-2, 2], got {v}")
+    if p.seed is not None and not (0 <= p.seed < 2**32 - 1):
+        raise bad("seed", f"must be in [0, 2^32 - 2], got {p.seed}")
+    for tok, bias in p.logit_bias.items():
+        if not isinstance(tok, int) or isinstance(tok, bool) or not (0 <= tok < n_vocab):
+            raise bad("logit_bias", f"token id {tok!r} is not in the vocabulary (0..{n_vocab - 1})")
+        if math.isnan(bias) or bias == math.inf:
+            raise bad("logit_bias", f"bias for token {tok} must be a number or -inf, got {bias}")
+    if p.grammar is not None and not p.grammar.strip():
+        raise bad("grammar", "must not be empty")
+
+
+def build_chain(
+    p: SamplingParams,
+    vocab: Any,
+    n_vocab: int,
+    *,
+    seed_source: Callable[[], int] = lambda: random.getrandbits(32) % (2**32 - 1),
+) -> SamplerPtr:
+    """A fresh llama.cpp sampler chain for one sequence; the caller frees it with `free_chain`.
+
+    Raises `InvalidRequest` when the grammar does not parse. Assumes `validate_sampling` passed.
+    """
+    params = llama_cpp.llama_sampler_chain_default_params()
+    params.no_perf = True
+    chain = llama_cpp.llama_sampler_chain_init(params)
+    add = llama_cpp.llama_sampler_chain_add
+    try:
+        if p.logit_bias:
+            arr = (llama_cpp.llama_logit_bias * len(p.logit_bias))()
+            for i, (tok, bias) in enumerate(p.logit_bias.items()):
+                arr[i].token = tok
+                arr[i].bias = -math.inf if bias == -math.inf else float(bias)
+            add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(p.logit_bias), arr))
+        if p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            add(
+                chain,
+                llama_cpp.llama_sampler_init_penalties(
+                    n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                ),
+            )
+        if p.grammar is not None:
+            g = llama_cpp.llama_sampler_init_grammar(vocab, p.grammar.encode("utf-8"), b"root")
+            if not g:
+                raise InvalidRequest("grammar does not parse as GBNF with a 'root' rule", param="grammar")
+            add(chain, g)
+        if p.temperature == 0.0:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                add(chain, llama_cpp.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                add(chain, llama_cpp.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0.0:
+                add(chain, llama_cpp.llama_sampler_init_min_p(p.min_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_temp(p.temperature))
+            seed = p.seed if p.seed is not None else seed_source()
+            add(chain, llama_cpp.llama_sampler_init_dist(seed))
+    except BaseException:
+        llama_cpp.llama_sampler_free(chain)
+        raise
+    return chain
+
+
+def free_chain(chain: SamplerPtr) -> None:
+    if chain:
+        llama_cpp.llama_sampler_free(chain)
+
+
+class GrammarFirstLast:
+    """Grammar-constrained sampling without running the grammar over the whole vocabulary
+    on every token (what llama.cpp's `common_sampler` does): sample with the chain minus
+    the grammar, check that one token against the grammar, and only when it is rejected
+    resample with the full chain (grammar applied to every candidate).
+
+    Used only without penalties: the fast chain has accepted the rejected token, which is
+    harmless for greedy/dist state but would skew penalty history.
+    """
+
+    def __init__(self, p: SamplingParams, vocab: Any, n_vocab: int) -> None:
+        self.full = build_chain(p, vocab, n_vocab)
+        try:
+            self.fast = build_chain(dataclasses.replace(p, grammar=None), vocab, n_vocab)
+        except BaseException:
+            free_chain(self.full)
+            raise
+        self.grammar = llama_cpp.llama_sampler_chain_get(self.full, 1 if p.logit_bias else 0)
+        self._cell = llama_cpp.llama_token_data()
+        self._one = llama_cpp.llama_token_data_array(ctypes.pointer(self._cell), 1, -1, False)
+        self._one_p = ctypes.byref(self._one)
+
+    def sample(self, ctx: Any, idx: int) -> int:
+        tok = llama_cpp.llama_sampler_sample(self.fast, ctx, idx)
+        cell = self._cell
+        cell.id, cell.logit, cell.p = tok, 1.0, 0.0
+        self._one.size, self._one.selected, self._one.sorted = 1, -1, False
+        llama_cpp.llama_sampler_apply(self.grammar, self._one_p)
+        if math.isfinite(cell.logit):
+            llama_cpp.llama_sampler_accept(self.full, tok)  # grammar (and bias) state advance
+            return tok
+        return int(llama_cpp.llama_sampler_sample(self.full, ctx, idx))
+
+    def free(self) -> None:
+        free_chain(self.fast)
+        free_chain(self.full)
+        self.fast = self.full = None
+
+
+def build_sampler(p: SamplingParams, vocab: Any, n_vocab: int) -> SamplerPtr | GrammarFirstLast:
+    """A plain chain, or the grammar fast path when a grammar is set and no penalties are."""
+    no_penalties = p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
+    if p.grammar is not None and no_penalties:
+        return GrammarFirstLast(p, vocab, n_vocab)
+    return build_chain(p, vocab, n_vocab)
+
+
+def greedy_chain(n_vocab: int, banned: tuple[int, ...] = ()) -> SamplerPtr:
+    """Logit bias (ban `banned`) + greedy: what the benchmark's bare loop and engine both use."""
+    bias = {t: -math.inf for t in banned}
+    return build_chain(SamplingParams(temperature=0.0, logit_bias=bias), None, n_vocab)
+
+
+def json_schema_to_grammar(schema: dict[str, Any] | str | None) -> str:
+    """GBNF for `response_format`: a JSON schema, or any JSON object when `schema` is None."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if schema is None:
+        return JSON_GBNF
+    try:
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        return json_schema_to_gbnf(text)
+    except Exception as exc:  # the converter raises plain Exceptions on unsupported schemas
+        raise InvalidRequest(f"unsupported JSON schema: {exc}", param="response_format") from exc
+

@@ -1,0 +1,130 @@
+"""Per-request state inside the engine thread, and the result type of `Engine.complete`.
+
+A `Sequence` lives from `submit()` until its final event: WAITING (queued,
+no slot) -> PREFILL (slot held, prompt being evaluated in chunks) -> DECODE
+(one token per step) -> finished. Only the engine thread mutates it after
+submission; the consumer talks to it through its `RequestHandle`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edge.runtime.detok import TextStream
+from edge.runtime.handle import RequestHandle
+from edge.runtime.sampling import GrammarFirstLast, free_chain
+from edge.runtime.types import (
+    EngineState,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    Knobs,
+    TokenEvent,
+    Usage,
+)
+
+
+class Sequence:
+    __slots__ = (
+        "cached",
+        "chain",
+        "handle",
+        "key",
+        "max_tokens",
+        "n_done",
+        "n_gen",
+        "n_unreported",
+        "out_idx",
+        "pending_tok",
+        "prompt",
+        "request",
+        "seq_id",
+        "stream",
+        "t_first_s",
+        "t_submit_s",
+    )
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        prompt: list[int],
+        chain: Any,
+        handle: RequestHandle,
+        key: tuple[int, int],
+        t_submit_s: float,
+    ) -> None:
+        self.request = request
+        self.prompt = prompt
+        self.chain = chain
+        self.handle = handle
+        self.key = key
+        self.max_tokens = request.max_tokens
+        self.stream = TextStream(tuple(request.stop))
+        self.seq_id = -1  # slot / llama seq id once admitted
+        self.n_done = 0  # prompt tokens whose KV exists (reused + evaluated)
+        self.cached = 0  # prompt tokens reused from a previous request's KV
+        self.n_gen = 0  # tokens sampled
+        self.n_unreported = 0  # sampled tokens not yet counted in an event
+        self.pending_tok = -1  # sampled, to be decoded next step (-1: none)
+        self.out_idx = -1  # batch row whose logits this sequence samples this step
+        self.t_submit_s = t_submit_s
+        self.t_first_s = -1.0
+
+    @property
+    def n_prompt_left(self) -> int:
+        return len(self.prompt) - self.n_done
+
+    def emit(self, text: str) -> None:
+        if text:
+            self.handle._push(TokenEvent(text, self.n_unreported))
+            self.n_unreported = 0
+
+    def finish(self, reason: FinishReason, error: Exception | None = None) -> None:
+        """Send the final event (with any held-back text) and release the sampler chain."""
+        tail = self.stream.finish() if reason in (FinishReason.STOP, FinishReason.LENGTH) else ""
+        usage = Usage(len(self.prompt), self.n_gen, self.cached)
+        self.handle._push(TokenEvent(tail, self.n_unreported, reason, usage, error))
+        self.n_unreported = 0
+        if isinstance(self.chain, GrammarFirstLast):
+            self.chain.free()
+        else:
+            free_chain(self.chain)
+        self.chain = None
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    """What `Engine.complete` returns: the whole text and how it ended."""
+
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    ttft_s: float  # submit -> first event
+    total_s: float  # submit -> final event
+
+
+class StepPerf:
+    """Cumulative step timings, for `edge bench engine` (Python overhead = step - decode - sample)."""
+
+    __slots__ = ("decode_s", "n_decoded", "n_prefilled", "sample_s", "step_s", "steps")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps = 0
+        self.step_s = self.decode_s = self.sample_s = 0.0
+        self.n_decoded = self.n_prefilled = 0
+
+    def add(self, step_s: float, decode_s: float, sample_s: float, n_dec: int, n_pre: int) -> None:
+        self.steps += 1
+        self.step_s += step_s
+        self.decode_s += decode_s
+        self.sample_s += sample_s
+        self.n_decoded += n_dec
+        self.n_prefilled += n_pre
+
+
+def empty_stats(state: EngineState, n_slots: int, knobs: Knobs, n_ctx: int) -> EngineStats:
+    return EngineStats(state, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, n_ctx, n_slots, knobs)
