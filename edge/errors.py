@@ -248,3 +248,15 @@ class KvCacheFull(EdgeError):
             f"KV cache full: request needs {self.need_cells} cells (prompt + max_tokens), "
             f"{self.free_cells} free; retry later or lower max_tokens"
         )
+
+
+@dataclass
+class ServerError(EdgeError):
+    """An HTTP client command (`edge chat --url`, `edge status`) got an error from the server."""
+
+    status: int
+    message: str
+    kind = ErrorKind.UNAVAILABLE
+
+    def __str__(self) -> str:
+        return f"server answered {self.status}: {self.message}"

@@ -1,0 +1,64 @@
+"""The one mapping from edge errors to HTTP: status, OpenAI error body, Retry-After.
+
+OpenAI's shape is `{"error": {"message", "type", "param", "code"}}`. The status
+comes from the error's `kind`; `code` is the error class in snake case so that
+clients can branch on it without parsing messages.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from edge.errors import EdgeError, ErrorKind, InvalidRequest
+
+STATUS_BY_KIND: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.UNAUTHORIZED: 401,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.RATE_LIMITED: 429,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.INTERNAL: 500,
+}
+TYPE_BY_STATUS: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    500: "server_error",
+}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def error_payload(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": TYPE_BY_STATUS.get(status, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def to_http(err: EdgeError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) for a deliberate error. INTERNAL errors get a generic message."""
+    status = STATUS_BY_KIND.get(err.kind, 500)
+    headers: dict[str, str] = {}
+    retry_after_s = getattr(err, "retry_after_s", None)
+    if status in (429, 503):
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s if retry_after_s is not None else 1)))
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    param = err.param if isinstance(err, InvalidRequest) else getattr(err, "field", None)
+    message = str(err) if status != 500 else "internal server error"
+    return status, error_payload(status, message, param=param, code=_snake(type(err).__name__)), headers

@@ -1,0 +1,118 @@
+"""Pure ASGI middleware: API key, body size limit, request counting.
+
+Pure ASGI (not BaseHTTPMiddleware) so streaming responses and disconnect
+messages pass through untouched: cancel-on-disconnect depends on it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from edge.api.errors import to_http
+from edge.api.metrics import ApiMetrics
+from edge.errors import BodyTooLarge, EdgeError, Unauthorized
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Probes must work without a key (systemd, load balancers); they reveal nothing.
+PUBLIC_PATHS: frozenset[str] = frozenset({"/health", "/ready"})
+KNOWN_PATHS: frozenset[str] = frozenset(
+    {"/health", "/ready", "/metrics", "/v1/status", "/v1/models", "/v1/chat/completions", "/v1/completions"}
+)
+
+
+async def send_error(send: Send, err: EdgeError) -> None:
+    status, body, headers = to_http(err)
+    raw = json.dumps(body).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    hdrs += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": raw})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+class AuthMiddleware:
+    """Bearer key check with a constant-time compare; off when no key is configured."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.key is None or scope["path"] in PUBLIC_PATHS:
+            return await self.app(scope, receive, send)
+        if scope.get("method") == "OPTIONS":  # CORS preflight carries no credentials
+            return await self.app(scope, receive, send)
+        auth = _header(scope, b"authorization") or ""
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+            return await send_error(send, Unauthorized())
+        return await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """413 when Content-Length says too much, or when a chunked body grows past the limit."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.limit = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await send_error(send, BodyTooLarge(self.limit))
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        return await self.app(scope, limited_receive, send)
+
+
+class CountMiddleware:
+    """edge_requests_total{endpoint,status}; unknown paths share one label value."""
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        endpoint = (
+            path
+            if path in KNOWN_PATHS
+            else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+        )
+        counted = False
+
+        async def counting_send(message: Message) -> None:
+            nonlocal counted
+            if message["type"] == "http.response.start" and not counted:
+                counted = True
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)

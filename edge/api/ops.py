@@ -1,0 +1,112 @@
+"""Operations endpoints: /health (liveness), /ready, /metrics, /v1/status."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from enum import Enum
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from edge import __version__
+from edge.api.state import ApiState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ApiState:
+    st: ApiState = request.app.state.edge
+    return st
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-safe view of dataclasses, enums, paths and nested containers."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def _queue(st: ApiState) -> Any:
+    adm = st.admission
+    if hasattr(adm, "status"):
+        return _plain(adm.status())
+    if hasattr(adm, "queue_state"):  # the scheduler's Admission
+        return {
+            "kind": "scheduler",
+            "max_queue": getattr(adm, "max_queue", None),
+            **_plain(adm.queue_state()),
+        }
+    return None
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """Liveness: the process answers. Readiness is /ready."""
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    st = _state(request)
+    ok, reason = st.readiness()
+    body = {"status": "ready" if ok else "unavailable", "reason": reason, "engine": st.engine.state.value}
+    headers = {} if ok else {"Retry-After": "1"}
+    return JSONResponse(body, status_code=200 if ok else 503, headers=headers)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/status")
+async def status(request: Request) -> dict[str, Any]:
+    st = _state(request)
+    ok, reason = st.readiness()
+    stats = None
+    try:
+        stats = st.engine.stats()
+    except Exception:  # engine still loading
+        stats = None
+    plan = st.plan
+    plan_json = _plain(plan) if plan is not None else None
+    return {
+        "version": __version__,
+        "model": {
+            "id": st.model_id,
+            "aliases": sorted(st.model_names),
+            "n_ctx": st.engine.n_ctx,
+            "name": st.engine.model_name,
+        },
+        "server": {
+            "state": st.server_state.value,
+            "ready": ok,
+            "reason": reason,
+            "uptime_s": round(time.time() - st.started_unix_s, 3),
+            "in_flight": len(st.in_flight),
+            "max_queue": st.settings.max_queue,
+            "auth": st.api_key is not None,
+        },
+        "engine": _plain(stats) if stats is not None else {"state": st.engine.state.value},
+        "slots": {
+            "total": st.engine.n_slots,
+            "active": stats.active if stats else 0,
+            "parked": stats.parked if stats else 0,
+            "waiting": stats.waiting if stats else 0,
+        },
+        "knobs": _plain(stats.knobs) if stats else None,
+        "queue": _queue(st),
+        "plan": plan_json,
+        "scheduler": _plain(st.scheduler_status()),
+    }

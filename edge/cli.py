@@ -1,0 +1,71 @@
+"""The `edge` command: a thin dispatcher over `edge/commands/*`.
+
+Each command module defines `register(subparsers)`, which adds its parser and
+sets `func=run`; `run(args) -> int` returns the exit status. Deliberate errors
+(`EdgeError`) print one line and exit 1; nothing prints a stack trace unless
+`EDGE_DEBUG=1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from edge import __version__
+from edge.errors import EdgeError
+
+# Order here is the order in `edge --help`.
+COMMAND_MODULES: tuple[str, ...] = (
+    "serve", "run", "chat", "status", "service",
+    "pull",
+    "ls",
+    "rm",
+    "inspect",
+    "plan",
+    "doctor",
+    "bench",
+    "sim",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge",
+        description="On-device LLM inference runtime for Jetson, Apple Silicon and CPUs.",
+    )
+    parser.add_argument("--version", action="version", version=f"edge {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"edge.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except EdgeError as exc:
+        if os.environ.get("EDGE_DEBUG"):
+            raise
+        print(f"edge: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("edge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""`edge serve [MODEL]`: the OpenAI-compatible HTTP server (see README "Serving")."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from pathlib import Path
+
+from edge.commands._common import add_settings_args, settings_from_args
+from edge.runtime.types import EngineLike
+from edge.service.launch import bind_api_key, build_scheduler, choose_model, open_engine, plan_of
+
+log = logging.getLogger("edge.serve")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("model", nargs="?", default=None, help="store name or .gguf path (default: default_model)")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; others need an API key)")
+    p.add_argument("--port", type=int, default=None, help="TCP port (default 8088)")
+    p.add_argument("--slots", type=int, default=None, help="sequences decoded together")
+    p.add_argument("--threads", type=int, default=None, help="decode threads")
+    p.add_argument("--max-queue", type=int, default=None, help="requests allowed to wait (beyond: 503)")
+    p.add_argument("--ctx", type=int, default=None, help="context length in tokens")
+    p.add_argument("--profile", default=None, help="device profile in configs/devices")
+    p.add_argument("--telemetry", default=None, help="auto|linux|jetson|macos|none|sim:PROFILE")
+    p.add_argument("--sysfs-root", type=Path, default=None, help="sysfs root to read (tests, containers)")
+    p.add_argument("--procfs-root", type=Path, default=None, help="procfs root to read")
+    p.add_argument("--api-key-file", type=Path, default=None, help="file holding the bearer API key")
+    p.add_argument(
+        "--insecure", action="store_true", default=None, help="allow a non-loopback bind without an API key"
+    )
+    p.add_argument(
+        "--drain-timeout", type=float, default=None, help="seconds running requests get on SIGTERM"
+    )
+    p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
+    add_settings_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edge.api.app import create_app
+    from edge.service.notify import Notifier
+    from edge.service.server import EdgeServer, make_config
+
+    settings = settings_from_args(
+        args,
+        host=args.host,
+        port=args.port,
+        slots=args.slots,
+        threads=args.threads,
+        max_queue=args.max_queue,
+        n_ctx=args.ctx,
+        profile=args.profile,
+        telemetry=args.telemetry,
+        sysfs_root=args.sysfs_root,
+        procfs_root=args.procfs_root,
+        api_key_file=args.api_key_file,
+        insecure=args.insecure,
+        drain_timeout_s=args.drain_timeout,
+    )
+    api_key = bind_api_key(settings)
+    choice = choose_model(args.model, settings)
+    engine = open_engine(choice.path, settings)
+    scheduler = None if args.no_scheduler else build_scheduler(settings, engine)
+    app = create_app(
+        settings,
+        engine,
+        scheduler,
+        model_id=choice.model_id,
+        model_aliases=choice.aliases,
+        api_key=api_key or "",
+        plan=plan_of(engine, choice.path, settings),
+    )
+    notifier = Notifier()
+    server = EdgeServer(
+        make_config(
+            app, settings.host, settings.port, "debug" if getattr(args, "verbose", False) else "info"
+        ),
+        app.state.edge,
+        engine,
+        notifier,
+        drain_timeout_s=settings.drain_timeout_s,
+    )
+    stop = threading.Event()
+    loader = threading.Thread(
+        target=_load, args=(engine, scheduler, stop, server), name="edge-load", daemon=True
+    )
+    loader.start()
+    log.info(
+        "serving %s on http://%s:%d (auth %s)",
+        choice.path,
+        settings.host,
+        settings.port,
+        "on" if api_key else "off",
+    )
+    try:
+        server.run()
+    finally:
+        stop.set()
+        engine.stop(0.0)
+        loader.join(timeout=5.0)
+    return server.exit_code
+
+
+def _load(engine: EngineLike, scheduler: object, stop: threading.Event, server: object) -> None:
+    """Load the model while the HTTP side already answers /health and /ready (503 loading)."""
+    try:
+        engine.start()
+    except Exception as exc:
+        server.fail(f"model load failed: {exc}")  # type: ignore[attr-defined]
+        return
+    if scheduler is not None and not stop.is_set():
+        scheduler.start_thread(stop)  # type: ignore[attr-defined]

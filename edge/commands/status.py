@@ -1,0 +1,60 @@
+"""`edge status [--url URL] [--json]`: what a running server reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from edge.commands._common import add_settings_args, settings_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show a running server's model, slots, queue and scheduler")
+    p.add_argument("--url", default=None, help="server URL (default: http://HOST:PORT from settings)")
+    p.add_argument("--json", action="store_true", help="print the raw /v1/status JSON")
+    add_settings_args(p)
+    p.set_defaults(func=run)
+
+
+def default_url(args: argparse.Namespace) -> tuple[str, str | None]:
+    settings = settings_from_args(args)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url = args.url or os.environ.get("EDGE_URL") or f"http://{host}:{settings.port}"
+    return url, settings.resolved_api_key()
+
+
+def summarize(s: dict[str, Any]) -> str:
+    eng, slots, srv = s.get("engine") or {}, s.get("slots") or {}, s.get("server") or {}
+    lines = [
+        f"model     {s['model']['id']} (n_ctx {s['model']['n_ctx']})",
+        f"server    {srv.get('state')} ready={srv.get('ready')} ({srv.get('reason')}), "
+        f"uptime {srv.get('uptime_s', 0):.0f} s, in flight {srv.get('in_flight')}",
+        f"engine    {eng.get('state')}, step {1000 * (eng.get('step_time_s') or 0):.1f} ms, "
+        f"{eng.get('total_tokens_decoded', 0)} tokens generated",
+        f"slots     {slots.get('active')}/{slots.get('total')} active, {slots.get('waiting')} waiting, "
+        f"{slots.get('parked')} parked",
+    ]
+    if eng.get("kv_cells_total"):
+        lines.append(f"kv        {eng['kv_cells_used']}/{eng['kv_cells_total']} cells")
+    knobs = s.get("knobs")
+    if knobs:
+        lines.append("knobs     " + ", ".join(f"{k}={v}" for k, v in knobs.items()))
+    sched = s.get("scheduler")
+    if sched:
+        decision = sched.get("decision") or {}
+        lines.append(
+            f"scheduler {decision.get('mode', '?')}: {decision.get('reason', '')} "
+            f"(temp {sched.get('temp_c')} °C)"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edge.service.client import ApiClient
+
+    url, key = default_url(args)
+    status = ApiClient(url, key, timeout_s=10.0).get_json("/v1/status")
+    print(json.dumps(status, indent=2) if args.json else summarize(status))
+    return 0

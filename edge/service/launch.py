@@ -1,0 +1,195 @@
+"""Putting the pieces together for `serve`, `run` and `chat`: model, engine, scheduler, security.
+
+Loaders are parameters with production defaults so tests can build a server
+around a scripted engine without llama.cpp.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from edge.config import Settings
+from edge.errors import ConfigError
+from edge.runtime.types import EngineLike
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    path: Path
+    model_id: str  # what /v1/models reports
+    aliases: frozenset[str] = field(default_factory=frozenset)  # other names requests may use
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost'; a name is resolved."""
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def bind_api_key(settings: Settings) -> str | None:
+    """The API key to enforce; refuses a non-loopback bind without one unless --insecure."""
+    key = settings.resolved_api_key()
+    if key is None and not is_loopback(settings.host):
+        if not settings.insecure:
+            raise ConfigError(
+                "host",
+                f"binding {settings.host} exposes the API beyond this machine; set an API key "
+                "(--api-key-file FILE or EDGE_API_KEY) or pass --insecure",
+            )
+        log.warning(
+            "serving on %s WITHOUT an API key (--insecure): anyone on the network can use it", settings.host
+        )
+    return key
+
+
+def choose_model(
+    ref: str | None,
+    settings: Settings,
+    out: TextIO = sys.stderr,
+    store_factory: Callable[[Path], Any] | None = None,
+) -> ModelChoice:
+    """A path or store name -> file, pulling a catalog model first when needed (with a message)."""
+    if store_factory is None:
+        from edge.store import ModelStore
+
+        store_factory = ModelStore
+    name = ref or settings.default_model
+    candidate = Path(name).expanduser()
+    if candidate.is_file():
+        path = candidate.resolve()
+        stem = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.name
+        return ModelChoice(path, stem, frozenset({name, str(path), path.name, stem, stem.lower()}))
+    store = store_factory(settings.models_dir)
+    if store.path_of(name) is None and name in getattr(store, "catalog", {}):
+        print(f"edge: model {name} is not in {settings.models_dir} yet; pulling it first", file=out)
+    path = Path(store.ensure(name))
+    stem = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.name
+    return ModelChoice(path, name, frozenset({name, path.name, stem, str(path)}))
+
+
+def open_engine(path: Path, settings: Settings) -> EngineLike:
+    """The real engine (validated and memory-planned); `start()` loads it."""
+    from edge.runtime.engine import Engine
+
+    engine: EngineLike = Engine.from_settings(str(path), settings)
+    return engine
+
+
+def device_profile(settings: Settings) -> Any:
+    """settings.profile, else the profile that fits the detected platform; None if that fails."""
+    from edge.config import load_profile
+
+    name = settings.profile
+    if name is None:
+        try:
+            from edge.probe import detect_platform, profile_for
+
+            name = profile_for(
+                detect_platform(sysfs_root=settings.sysfs_root, procfs_root=settings.procfs_root)
+            )
+        except Exception as exc:  # detection is best effort; the controller has defaults
+            log.warning("device profile detection failed: %s", exc)
+            return None
+    return load_profile(name)
+
+
+def build_scheduler(settings: Settings, engine: EngineLike) -> Any:
+    """Telemetry monitor + admission + scheduler loop sized to this engine and device.
+
+    The controller's slot and thread ceilings come from the engine (never more than it was
+    built with) and the thermal limit and memory reserve from the device profile.
+    """
+    from edge.scheduler.admission import Admission
+    from edge.scheduler.loop import SchedulerLoop
+    from edge.scheduler.state import ControllerConfig
+    from edge.telemetry.detect import source_from_settings
+    from edge.telemetry.monitor import Monitor
+
+    profile = device_profile(settings)
+    knobs = engine.stats().knobs
+    overrides: dict[str, Any] = {
+        "n_slots": engine.n_slots,
+        "max_threads": knobs.n_threads,
+        "keep_alive_s": settings.keep_alive_s,
+    }
+    if profile is not None:
+        overrides["limit_c"] = profile.thermal_limit_c
+        overrides["reserve_bytes"] = profile.memory_reserve_bytes
+    if settings.memory_reserve_bytes is not None:
+        overrides["reserve_bytes"] = settings.memory_reserve_bytes
+    config = ControllerConfig(**overrides)
+    monitor = Monitor(source_from_settings(settings), profile=profile)
+    admission = Admission(settings.max_queue, stats_provider=engine.stats)
+    log.info(
+        "scheduler: profile %s, limit %.0f C, %d slots, %d threads, telemetry %s",
+        getattr(profile, "name", "none"),
+        config.limit_c,
+        config.n_slots,
+        config.max_threads,
+        settings.telemetry,
+    )
+    return SchedulerLoop(monitor, engine, config=config, admission=admission)
+
+
+def start_scheduler(scheduler: Any) -> tuple[threading.Event, threading.Thread | None]:
+    stop = threading.Event()
+    if scheduler is None:
+        return stop, None
+    return stop, scheduler.start_thread(stop)
+
+
+def plan_of(engine: EngineLike, path: Path, settings: Settings) -> Any:
+    """The memory plan for /v1/status: the engine's own if it keeps one, else computed again."""
+    plan = getattr(engine, "plan", None)
+    if plan is not None:
+        return plan
+    try:
+        from edge.runtime.loading import plan_for
+
+        return plan_for(path, settings)[1]
+    except Exception as exc:  # status is informative only; never fail the server for it
+        log.warning("memory plan unavailable for /v1/status: %s", exc)
+        return None
+
+
+def start_and_wait(
+    engine: EngineLike,
+    timeout_s: float = 600.0,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> None:
+    """Start the engine in-process (run, chat) and wait until it is READY or has failed."""
+    import time
+
+    from edge.errors import ModelLoadError
+    from edge.runtime.types import EngineState
+
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
+    engine.start()
+    deadline_s = clock() + timeout_s
+    while engine.state is EngineState.LOADING:
+        if clock() > deadline_s:
+            raise ModelLoadError(engine.model_name, f"not loaded after {timeout_s:.0f} s")
+        sleep(0.05)
+    if engine.state is not EngineState.READY:
+        raise ModelLoadError(engine.model_name, f"engine is {engine.state.value}")
