@@ -1,0 +1,69 @@
+"""Time as an injected dependency.
+
+Everything that waits or timestamps takes a `Clock`, so production uses the
+real monotonic clock while tests and the simulator use `ManualClock`, whose
+`sleep()` advances time instantly: no unit test ever sleeps on real time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Monotonic time in seconds and a way to wait."""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, t_s: float) -> None: ...
+
+
+class SystemClock:
+    """The real clock (production default)."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, t_s: float) -> None:
+        if t_s > 0:
+            time.sleep(t_s)
+
+
+class ManualClock:
+    """A fake clock: time moves only through `advance()` or `sleep()`.
+
+    Thread-safe, so an engine thread and a test thread may share one. `sleeps_s`
+    records every requested sleep so tests can assert on pacing.
+    """
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now_s = float(start_s)
+        self._lock = threading.Lock()
+        self.sleeps_s: list[float] = []
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._now_s
+
+    def sleep(self, t_s: float) -> None:
+        with self._lock:
+            self.sleeps_s.append(t_s)
+            if t_s > 0:
+                self._now_s += t_s
+
+    def advance(self, t_s: float) -> float:
+        """Move time forward by `t_s` (never backward) and return the new time."""
+        if t_s < 0:
+            raise ValueError(f"a monotonic clock cannot go back ({t_s} s)")
+        with self._lock:
+            self._now_s += t_s
+            return self._now_s
+
+    def set(self, now_s: float) -> None:
+        """Jump to an absolute time not earlier than the current one."""
+        with self._lock:
+            if now_s < self._now_s:
+                raise ValueError(f"a monotonic clock cannot go back ({now_s} < {self._now_s})")
+            self._now_s = float(now_s)

@@ -1,0 +1,94 @@
+"""`edge sim`: compare thermal/memory policies on the simulated device, in simulated time.
+
+Deterministic (seeded), so two runs print the same table. `--sweep` also finds,
+per scenario, the best constant setting that never throttles and reports the
+tokens `edge` delivers as a fraction of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from edge.sim.harness import POLICIES, PROFILES, SCENARIOS, run_scenario, sweep
+from edge.sim.throughput import DEFAULT_CALIBRATION, load_throughput
+
+JSON_KEYS = ("scenario", "policy", "tokens", "max_temp_c", "seconds_above_limit_minus_3",
+             "seconds_hw_throttled", "p50_token_latency_s", "p99_token_latency_s",
+             "interactive_p99_ttft_s", "oom_events")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("sim", help="simulate policies on a simulated device (deterministic)",
+                              description=__doc__)
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per scenario x policy")
+    p.add_argument("--duration-s", type=float, default=1800.0, help="simulated seconds per run")
+    p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all")
+    p.add_argument("--policy", action="append", choices=POLICIES, help="repeatable; default all")
+    p.add_argument("--profile", action="append", help=f"device profile, repeatable (default {PROFILES[0]})")
+    p.add_argument("--calibration", default=DEFAULT_CALIBRATION,
+                   help="throughput file name in configs/throughput or a path")
+    p.add_argument("--sweep", action="store_true", help="find the best never-throttling constant")
+    p.add_argument("--seed", type=int, default=7)
+    p.set_defaults(func=run)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def run(args: argparse.Namespace) -> int:
+    tp = load_throughput(args.calibration)
+    scenarios = args.scenario or list(SCENARIOS)
+    policies = args.policy or list(POLICIES)
+    profiles = args.profile or [PROFILES[0]]
+    rows: list[dict[str, Any]] = []
+    for profile in profiles:
+        for sc in scenarios:
+            by_policy: dict[str, dict[str, Any]] = {}
+            for pol in policies:
+                m = run_scenario(sc, pol, profile, tp, args.duration_s, args.seed)
+                row = {k: m.as_dict()[k] for k in JSON_KEYS}
+                row.update(profile=profile, lost_without_error=m.lost_without_error,
+                           shed_with_error=m.shed_with_error, rejected_with_error=m.rejected_with_error)
+                if "unloaded_interactive_p99_ttft_s" in m.extra:
+                    row["unloaded_interactive_p99_ttft_s"] = m.extra["unloaded_interactive_p99_ttft_s"]
+                by_policy[pol] = row
+                rows.append(row)
+            if args.sweep:
+                knobs, best = sweep(sc, profile, tp, args.duration_s, args.seed)
+                edge_row = by_policy.get("edge")
+                info = {"best_constant": None if knobs is None else
+                        {"active": knobs.active_limit, "threads": knobs.n_threads, "duty": knobs.duty},
+                        "best_constant_tokens": None if best is None else best.tokens}
+                if edge_row is not None and best is not None and best.tokens:
+                    info["edge_fraction_of_best_constant"] = round(edge_row["tokens"] / best.tokens, 3)
+                for row in by_policy.values():
+                    row.update(info)
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return 0
+    cols = ["profile", "scenario", "policy", "tokens", "max_temp_c", "seconds_above_limit_minus_3",
+            "seconds_hw_throttled", "p50_token_latency_s", "p99_token_latency_s", "interactive_p99_ttft_s",
+            "oom_events", "lost_without_error"]
+    heads = ["profile", "scenario", "policy", "tokens", "maxT", "s>=lim-3", "s_throttled", "p50_tok",
+             "p99_tok", "p99_ttft", "oom", "lost"]
+    table = [heads] + [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(heads))]
+    for line in table:
+        print("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)))
+    for r in rows:
+        if r["policy"] == "edge" and "unloaded_interactive_p99_ttft_s" in r:
+            print(f"{r['profile']} {r['scenario']}: edge interactive p99 TTFT "
+                  f"{_fmt(r['interactive_p99_ttft_s'])} s vs unloaded "
+                  f"{_fmt(r['unloaded_interactive_p99_ttft_s'])} s")
+        if r["policy"] == "edge" and "best_constant_tokens" in r:
+            print(f"{r['profile']} {r['scenario']}: best never-throttling constant {r['best_constant']} "
+                  f"-> {r['best_constant_tokens']} tokens; edge {r['tokens']} "
+                  f"({_fmt(r.get('edge_fraction_of_best_constant'))})")
+    return 0

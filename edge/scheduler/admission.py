@@ -1,0 +1,224 @@
+"""Admission: a bounded, priority-aware account of requests, checked before the engine sees them.
+
+The API calls `admit()` before `engine.submit()` and `Ticket.release()` when the
+request ends, however it ends. Admission enforces, in order: heat (DevicePaused),
+memory state (DevicePaused / RequestShed for background), the queue bound
+(QueueFull; background work may only fill part of the queue so interactive
+requests always find room), and the KV/memory fit (KvCacheFull,
+InsufficientMemory). Every refusal carries a Retry-After derived from the
+current completion rate or the controller's cooldown estimate, never a constant.
+
+Tickets move WAITING -> RUNNING -> DONE (or SHED): the engine's scheduler marks
+them running via `Ticket.start()`; shedding ends background tickets with a
+RequestShed error handed to the callback the API bound, so nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable
+from enum import Enum
+
+from edge.clock import Clock, SystemClock
+from edge.errors import DevicePaused, EdgeError, QueueFull, RequestShed
+from edge.runtime.types import EngineStats, Priority
+from edge.scheduler.memory import check_fits, free_kv_cells
+from edge.scheduler.state import Decision, MemoryMode, QueueState
+
+RATE_WINDOW_S = 60.0
+MIN_RETRY_S, MAX_RETRY_S = 1.0, 120.0
+
+
+class TicketState(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+    SHED = "shed"
+
+
+class Ticket:
+    """One admitted request's claim on the queue and on KV cells."""
+
+    def __init__(self, owner: Admission, ticket_id: int, priority: Priority, need_cells: int) -> None:
+        self._owner = owner
+        self.ticket_id = ticket_id
+        self.priority = priority
+        self.need_cells = need_cells
+        self.state = TicketState.WAITING
+        self.error: EdgeError | None = None
+        self._on_shed: Callable[[EdgeError], None] | None = None
+
+    def bind(self, on_shed: Callable[[EdgeError], None]) -> None:
+        """Called with the RequestShed error if this ticket is shed (the API cancels and reports it)."""
+        self._on_shed = on_shed
+
+    def start(self) -> None:
+        self._owner._start(self)
+
+    def release(self) -> None:
+        """The request finished (any way). Idempotent."""
+        self._owner._release(self)
+
+    def _shed(self, err: EdgeError) -> None:
+        self.error = err
+        if self._on_shed is not None:
+            self._on_shed(err)
+
+
+class Admission:
+    """Thread-safe admission control; `update()` feeds it each scheduler decision."""
+
+    def __init__(
+        self,
+        max_queue: int,
+        stats_provider: Callable[[], EngineStats | None] | None = None,
+        clock: Clock | None = None,
+        reserve_bytes: int = 0,
+        kv_bytes_per_cell: int = 0,
+        background_share: float = 0.5,
+    ) -> None:
+        self.max_queue = max_queue
+        self.stats_provider = stats_provider or (lambda: None)
+        self.clock = clock or SystemClock()
+        self.reserve_bytes = reserve_bytes
+        self.kv_bytes_per_cell = kv_bytes_per_cell
+        self.background_share = background_share
+        self.decision: Decision | None = None
+        self.mem_available_bytes: int | None = None
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._tickets: dict[int, Ticket] = {}
+        self._finished_s: deque[float] = deque()
+        self._last_activity_s: float | None = None
+        self.rejected: dict[str, int] = {}
+        self.shed_count = 0
+
+    # --- feed from the scheduler ------------------------------------------
+    def update(self, decision: Decision, mem_available_bytes: int | None = None) -> list[Ticket]:
+        """Take the latest decision; shed background tickets if it says so. Returns the shed tickets."""
+        with self._lock:
+            self.decision = decision
+            self.mem_available_bytes = mem_available_bytes
+            victims: list[Ticket] = []
+            if decision.shed_background:
+                victims = [t for t in self._tickets.values() if t.priority is Priority.BACKGROUND]
+                for t in victims:
+                    t.state = TicketState.SHED
+                    del self._tickets[t.ticket_id]
+                self.shed_count += len(victims)
+                if victims:
+                    self._last_activity_s = self.clock.monotonic()
+        err_reason = decision.reason
+        for t in victims:
+            t._shed(RequestShed(reason=err_reason, retry_after_s=self._memory_retry_s()))
+        return victims
+
+    # --- the API's side ---------------------------------------------------
+    def admit(self, priority: Priority, prompt_tokens: int, max_tokens: int) -> Ticket:
+        """Admit or raise a typed, retryable error."""
+        stats = self.stats_provider()
+        with self._lock:
+            try:
+                return self._admit_locked(priority, prompt_tokens, max_tokens, stats)
+            except EdgeError as exc:
+                key = type(exc).__name__
+                self.rejected[key] = self.rejected.get(key, 0) + 1
+                raise
+
+    def _admit_locked(
+        self, priority: Priority, prompt_tokens: int, max_tokens: int, stats: EngineStats | None
+    ) -> Ticket:
+        d = self.decision
+        if d is not None:
+            if not d.admit_interactive and d.memory is MemoryMode.OK:
+                raise DevicePaused(reason=d.reason, retry_after_s=_clamp(d.cooldown_s))
+            if d.memory is not MemoryMode.OK:
+                if priority is Priority.BACKGROUND and d.memory is MemoryMode.SHED:
+                    raise RequestShed(reason=d.reason, retry_after_s=self._memory_retry_s())
+                raise DevicePaused(reason=d.reason, retry_after_s=self._memory_retry_s())
+        waiting = self._count(TicketState.WAITING)
+        bound = self.max_queue
+        if priority is Priority.BACKGROUND:
+            bound = int(self.max_queue * self.background_share)
+        if waiting >= bound:
+            raise QueueFull(max_queue=bound, retry_after_s=self._queue_retry_s(waiting - bound + 1, stats))
+        reserved = sum(t.need_cells for t in self._tickets.values())
+        need = prompt_tokens + max_tokens
+        retry = self._kv_retry_s(need, reserved, stats)
+        check_fits(prompt_tokens, max_tokens, stats, reserved, self.mem_available_bytes,
+                   self.reserve_bytes, self.kv_bytes_per_cell, retry_after_s=retry)
+        ticket = Ticket(self, next(self._ids), priority, need)
+        self._tickets[ticket.ticket_id] = ticket
+        self._last_activity_s = self.clock.monotonic()
+        return ticket
+
+    def _start(self, ticket: Ticket) -> None:
+        with self._lock:
+            if ticket.state is TicketState.WAITING:
+                ticket.state = TicketState.RUNNING
+
+    def _release(self, ticket: Ticket) -> None:
+        with self._lock:
+            if self._tickets.pop(ticket.ticket_id, None) is not None:
+                ticket.state = TicketState.DONE
+                now = self.clock.monotonic()
+                self._finished_s.append(now)
+                self._last_activity_s = now
+
+    # --- accounting -------------------------------------------------------
+    def _count(self, state: TicketState, priority: Priority | None = None) -> int:
+        return sum(1 for t in self._tickets.values()
+                   if t.state is state and (priority is None or t.priority is priority))
+
+    def queue_state(self) -> QueueState:
+        with self._lock:
+            return QueueState(
+                waiting_interactive=self._count(TicketState.WAITING, Priority.INTERACTIVE),
+                waiting_background=self._count(TicketState.WAITING, Priority.BACKGROUND),
+                running_interactive=self._count(TicketState.RUNNING, Priority.INTERACTIVE),
+                running_background=self._count(TicketState.RUNNING, Priority.BACKGROUND),
+                last_activity_s=self._last_activity_s,
+            )
+
+    def completions_per_s(self) -> float:
+        """Requests finished per second over the last minute."""
+        now = self.clock.monotonic()
+        while self._finished_s and now - self._finished_s[0] > RATE_WINDOW_S:
+            self._finished_s.popleft()
+        if not self._finished_s:
+            return 0.0
+        span = max(1.0, min(RATE_WINDOW_S, now - self._finished_s[0]))
+        return len(self._finished_s) / span
+
+    # --- Retry-After ------------------------------------------------------
+    def _queue_retry_s(self, places: int, stats: EngineStats | None) -> float:
+        rate = self.completions_per_s()
+        if rate > 0:
+            return _clamp(places / rate)
+        tps = _tokens_per_s(stats)
+        mean_need = (sum(t.need_cells for t in self._tickets.values()) / len(self._tickets)
+                     if self._tickets else 256)
+        return _clamp(places * mean_need / tps if tps > 0 else MAX_RETRY_S / 4)
+
+    def _kv_retry_s(self, need: int, reserved: int, stats: EngineStats | None) -> float:
+        if stats is None:
+            return MIN_RETRY_S
+        short = need - free_kv_cells(stats, reserved)
+        tps = _tokens_per_s(stats)
+        return _clamp(short / tps if tps > 0 else MAX_RETRY_S / 4)
+
+    def _memory_retry_s(self) -> float:
+        rate = self.completions_per_s()
+        return _clamp(2.0 / rate if rate > 0 else 10.0)
+
+
+def _tokens_per_s(stats: EngineStats | None) -> float:
+    if stats is None or stats.step_time_s <= 0:
+        return 0.0
+    return (stats.tokens_decoded + stats.tokens_prefilled) / stats.step_time_s
+
+
+def _clamp(t_s: float) -> float:
+    return round(min(MAX_RETRY_S, max(MIN_RETRY_S, t_s)), 1)

@@ -1,0 +1,234 @@
+"""The thermal and memory controller: one pure function, `decide()`.
+
+No I/O and no clock reads: time comes in the reading, history in the state.
+The control law (design/thermal.md, after Linux's power_allocator governor and
+Android's thermal headroom forecast):
+
+    T_lim = lowest passive trip (else profile);  T_set = T_lim - margin;  T_on = T_set - band
+    T_hat = T + h * dT/dt                                   (forecast, h ~ 15 s)
+    u     = u_sus + k * (T_set - T_hat) - k_i * I           (k = k_pu or k_po times u_sus)
+    I     integrates (T_hat - T_set) only above target, clamped; it bleeds off below
+    u_sus learned as the load at which dT/dt ~ 0 near T_set
+
+The budget picks a level on the actuator ladder (policy.py) with hysteresis and
+a rate limit; hard guards skip all that and pause. Final allowed work is the
+minimum of the thermal, OS and memory verdicts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from edge.runtime.types import EngineState, EngineStats, Knobs
+from edge.scheduler.memory import memory_mode, should_unload
+from edge.scheduler.policy import (
+    Level,
+    build_ladder,
+    estimated_load,
+    interactive_first,
+    level_at_most,
+    level_for_budget,
+)
+from edge.scheduler.state import (
+    ControlInput,
+    ControllerConfig,
+    ControllerState,
+    Decision,
+    MemoryMode,
+    QueueState,
+    ThermalMode,
+)
+from edge.telemetry.sample import PressureLevel
+
+MAX_UP_LOAD_STEP = 0.15  # one upward change raises the estimated load by at most this much
+DEFAULT_COOLDOWN_S = 10.0
+
+
+@lru_cache(maxsize=32)
+def ladder_for(cfg: ControllerConfig) -> tuple[Level, ...]:
+    return build_ladder(cfg.n_slots, cfg.max_threads, cfg.min_duty)
+
+
+def _applied_load(stats: EngineStats | None, cfg: ControllerConfig) -> float:
+    """Estimated load the engine really ran at (fewer sequences than allowed draw less)."""
+    if stats is None or stats.state is not EngineState.READY or stats.knobs.paused:
+        return 0.0
+    k = stats.knobs
+    return estimated_load(stats.active, k.n_threads, k.duty, cfg.n_slots, cfg.max_threads)
+
+
+def _guard_reason(inp: ControlInput, t_guard_c: float) -> tuple[str, str] | None:
+    """(tag, reason) of the first hard guard that fires, else None."""
+    if inp.kernel_throttling:
+        return "guard:kernel_throttling", "kernel is throttling (cooling device or frequency cap active)"
+    if inp.thermal_pressure is not None and inp.thermal_pressure >= PressureLevel.HEAVY:
+        return "guard:os_pressure", f"OS thermal pressure {inp.thermal_pressure.name.lower()}"
+    if inp.temp_c is not None and not inp.stale and inp.temp_c >= t_guard_c:
+        return "guard:temperature", f"{inp.temp_c:.1f} C at or above guard {t_guard_c:.1f} C"
+    return None
+
+
+def _cooldown_s(inp: ControlInput, resume_c: float) -> float:
+    """Time until the temperature should be back under `resume_c`, from the current slope."""
+    if inp.temp_c is None or inp.temp_c <= resume_c:
+        return 1.0
+    slope = inp.slope_c_per_s or 0.0
+    if slope < -0.01:
+        return min(120.0, max(1.0, (inp.temp_c - resume_c) / -slope))
+    return DEFAULT_COOLDOWN_S
+
+
+def decide(
+    reading: ControlInput | Any,
+    queue: QueueState,
+    stats: EngineStats | None,
+    state: ControllerState,
+    cfg: ControllerConfig,
+) -> tuple[Decision, ControllerState]:
+    """One control decision; pure, deterministic, replayable."""
+    inp = reading if isinstance(reading, ControlInput) else ControlInput.from_reading(reading)
+    ladder = ladder_for(cfg)
+    paused_idx, lowest_run_idx = len(ladder) - 1, len(ladder) - 2
+    now = inp.t_s
+    dt = 0.0 if state.last_t_s is None else max(0.0, now - state.last_t_s)
+    since_change = math.inf if state.last_change_s is None else now - state.last_change_s
+
+    t_lim = inp.limit_c if inp.limit_c is not None else cfg.limit_c
+    t_set, t_guard = t_lim - cfg.margin_c, t_lim - cfg.guard_band_c
+    t_on = t_set - cfg.on_band_c
+    resume_c = t_guard - cfg.guard_release_c
+
+    integral, u_sus = state.integral_c_s, state.u_sus
+    level, mode = state.level, state.mode
+    budget, forecast = 1.0, None
+    tags: list[str] = []
+    guard = _guard_reason(inp, t_guard)
+    temp_known = inp.temp_c is not None and not inp.stale
+
+    if guard is not None:
+        mode, level, reason = ThermalMode.GUARD, paused_idx, guard[1]
+        tags.append(guard[0])
+        budget = 0.0
+    elif state.mode is ThermalMode.GUARD and temp_known and inp.temp_c >= resume_c:  # type: ignore[operator]
+        level, reason, budget = paused_idx, f"cooling: {inp.temp_c:.1f} C, resume below {resume_c:.1f} C", 0.0
+        tags.append("guard:cooling")
+    elif not temp_known and (inp.stale or inp.thermal_pressure is None):
+        # unknown or stale: never nominal, never paused on that alone
+        why = "telemetry stale" if inp.stale else "no temperature or OS pressure available"
+        mode, reason = ThermalMode.CONSERVATIVE, f"conservative: {why}"
+        level = max(level, level_at_most(ladder, cfg.conservative_load))
+        if state.mode in (ThermalMode.GUARD, ThermalMode.PAUSED):
+            level = lowest_run_idx
+        budget = ladder[level].load
+        tags.append("conservative:telemetry")
+    elif not temp_known:
+        # OS pressure only (macOS without root): NOMINAL full, MODERATE half (HEAVY+ is a guard)
+        assert inp.thermal_pressure is not None
+        budget = 1.0 if inp.thermal_pressure is PressureLevel.NOMINAL else cfg.conservative_load
+        target = level_for_budget(ladder, budget)
+        level = target if since_change >= cfg.down_interval_s or target < level else level
+        mode = ThermalMode.NOMINAL if level == 0 else ThermalMode.LIMITING
+        reason = f"OS thermal pressure {inp.thermal_pressure.name.lower()}"
+        if level:
+            tags.append("limiting:os_pressure")
+    else:
+        temp = float(inp.temp_c)  # type: ignore[arg-type]
+        slope = inp.slope_c_per_s or 0.0
+        forecast = temp + cfg.horizon_s * slope
+        err = forecast - t_set  # > 0: over target
+        if err > 0:
+            integral = min(cfg.integral_max_c_s, integral + err * dt)
+        else:
+            integral *= math.exp(-dt / cfg.integral_decay_s)
+        # u_sus is learned on the ladder's scale (the load the current level allows), the
+        # scale the budget is mapped on; it is learned only while the engine is really busy
+        allowed = ladder[state.level].load if state.level != paused_idx else 0.0
+        if (abs(temp - t_set) <= cfg.u_sus_band_c and abs(slope) <= cfg.u_sus_slope_c_per_s
+                and allowed > 0 and _applied_load(stats, cfg) > 0 and dt > 0):
+            u_sus += cfg.u_sus_rate * (allowed - u_sus) * min(1.0, dt)
+        if temp < t_on and forecast < t_set:
+            budget, integral = 1.0, 0.0
+        else:
+            # power_allocator scales its gains by the sustainable power; so do we (floored)
+            k = (cfg.k_pu if err < 0 else cfg.k_po) * max(cfg.gain_floor, u_sus)
+            budget = min(1.0, max(0.0, u_sus - k * err - cfg.k_i_per_c_s * integral))
+        target = level_for_budget(ladder, budget)
+        if state.mode is ThermalMode.GUARD:
+            level = lowest_run_idx  # leaving a guard: restart from the bottom and climb
+        elif target > level and since_change >= cfg.down_interval_s:
+            level = target
+        elif target < level and since_change >= cfg.up_interval_s:
+            cur_load = ladder[level].load if level != paused_idx else 0.0
+            if forecast < t_set - cfg.climb_band_c:
+                level = target  # clearly below target: no reason to crawl back
+            else:
+                up = level_for_budget(ladder, min(budget - cfg.hysteresis_load, cur_load + MAX_UP_LOAD_STEP))
+                level = min(level, max(target, up))
+        if level == 0:
+            mode, reason = ThermalMode.NOMINAL, f"{temp:.1f} C, forecast {forecast:.1f} C: full speed"
+        elif level == paused_idx:
+            mode = ThermalMode.PAUSED
+            reason = f"{temp:.1f} C, forecast {forecast:.1f} C over {t_set:.1f} C: paused"
+            tags.append("paused:thermal")
+        else:
+            mode = ThermalMode.LIMITING
+            reason = (f"{temp:.1f} C, forecast {forecast:.1f} C, target {t_set:.1f} C: "
+                      f"budget {budget:.2f} -> {ladder[level].label}")
+            tags.append("limiting:thermal")
+
+    mem, mem_reason = memory_mode(inp, state.memory, cfg)
+    if mem is not MemoryMode.OK:
+        tags.append(f"memory:{mem.value}")
+        reason = f"{reason}; {mem_reason}"
+
+    knobs: Knobs = ladder[level].knobs
+    n_interactive = queue.running_interactive + queue.waiting_interactive
+    n_background = queue.running_background + queue.waiting_background
+    if mode is ThermalMode.LIMITING and level >= 2 and n_interactive > 0 and n_background > 0:
+        headroom = forecast is not None and forecast < t_set + cfg.interactive_band_c
+        knobs = interactive_first(ladder[level], n_interactive, cfg.n_slots, cfg.max_threads, cfg.min_duty,
+                                  headroom)
+        reason = f"{reason}; interactive first, background parked"
+        tags.append("limiting:background_parked")
+    if mem is not MemoryMode.OK and knobs.admit_background:
+        knobs = replace(knobs, admit_background=False)
+    heat_stop = mode in (ThermalMode.GUARD, ThermalMode.PAUSED)
+    admit_interactive = not heat_stop and mem is MemoryMode.OK
+    unload = should_unload(queue, now, cfg.keep_alive_s)
+    if unload:
+        reason = f"{reason}; idle for {cfg.keep_alive_s:g} s: unload"
+    cooldown = _cooldown_s(inp, resume_c if mode is ThermalMode.GUARD else t_set) if heat_stop else 0.0
+
+    changed = level != state.level
+    new_state = ControllerState(
+        mode=mode,
+        memory=mem,
+        level=level,
+        last_change_s=now if changed else state.last_change_s,
+        last_t_s=now,
+        integral_c_s=integral,
+        u_sus=min(1.0, max(0.05, u_sus)),
+        idle_since_s=queue.last_activity_s,
+        unloaded=unload,
+    )
+    decision = Decision(
+        knobs=knobs,
+        mode=mode,
+        memory=mem,
+        admit_interactive=admit_interactive,
+        admit_background=admit_interactive and knobs.admit_background,
+        shed_background=mem is MemoryMode.SHED,
+        unload=unload,
+        reason=reason,
+        t_s=now,
+        budget=budget,
+        t_lim_c=t_lim,
+        t_set_c=t_set,
+        forecast_c=forecast,
+        cooldown_s=cooldown,
+        throttle_reasons=tuple(tags),
+    )
+    return decision, new_state

@@ -1,0 +1,167 @@
+"""The scheduler loop: poll telemetry, decide, apply. Thin on purpose.
+
+All judgement is in `controller.decide()`; this file only moves data between the
+monitor, the engine and admission, logs every change with its reason, and keeps
+the last decision and counters for /v1/status and /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Protocol
+
+from edge.clock import Clock, SystemClock
+from edge.runtime.types import EngineLike, EngineStats
+from edge.scheduler.admission import Admission
+from edge.scheduler.controller import decide
+from edge.scheduler.state import (
+    ControlInput,
+    ControllerConfig,
+    ControllerState,
+    Decision,
+    QueueState,
+    ThermalMode,
+)
+
+log = logging.getLogger("edge.scheduler")
+
+INTERVAL_S = 1.0  # poll period when cool
+FAST_INTERVAL_S = 0.5  # poll period while limiting, paused or guarding
+
+
+class MonitorLike(Protocol):
+    def poll(self, now_s: float) -> Any: ...
+
+    def latest(self) -> Any: ...
+
+
+class SchedulerLoop:
+    """Owns the controller state; `tick()` is one iteration, `run_forever()` the production thread."""
+
+    def __init__(
+        self,
+        monitor: MonitorLike | None,
+        engine: EngineLike,
+        clock: Clock | None = None,
+        config: ControllerConfig | None = None,
+        admission: Admission | None = None,
+        wait: Callable[[threading.Event, float], object] | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self.engine = engine
+        self.clock = clock or SystemClock()
+        self.config = config or ControllerConfig()
+        self.admission = admission
+        self.state = ControllerState()
+        self.decision: Decision | None = None
+        self.reading: ControlInput | None = None
+        self.throttle_events: Counter[str] = Counter()  # reason tag -> times it began
+        self.knob_changes = 0
+        self.ticks = 0
+        self.errors = 0
+        if wait is None:
+            wait = (lambda ev, t: ev.wait(t)) if isinstance(self.clock, SystemClock) else (
+                lambda ev, t: self.clock.sleep(t))
+        self._wait = wait
+
+    def _read(self, now_s: float) -> ControlInput:
+        if self.monitor is None:
+            return ControlInput(t_s=now_s, stale=True)
+        try:
+            self.monitor.poll(now_s)
+            reading = self.monitor.latest()
+        except Exception as exc:  # a broken sensor stack must not stop scheduling
+            log.warning("telemetry failed: %s", exc)
+            self.errors += 1
+            return ControlInput(t_s=now_s, stale=True)
+        if reading is None:
+            return ControlInput(t_s=now_s, stale=True)
+        inp = ControlInput.from_reading(reading)
+        return inp if inp.t_s else replace(inp, t_s=now_s)
+
+    def _stats(self) -> EngineStats | None:
+        try:
+            return self.engine.stats()
+        except Exception as exc:
+            log.warning("engine stats failed: %s", exc)
+            self.errors += 1
+            return None
+
+    def _queue(self, stats: EngineStats | None) -> QueueState:
+        if self.admission is not None:
+            return self.admission.queue_state()
+        if stats is None:
+            return QueueState()
+        return QueueState(
+            waiting_interactive=stats.waiting_interactive,
+            waiting_background=stats.waiting - stats.waiting_interactive,
+            running_interactive=stats.active + stats.parked,
+        )
+
+    def tick(self, now_s: float | None = None) -> Decision:
+        """Poll, decide, apply; returns the decision."""
+        now_s = self.clock.monotonic() if now_s is None else now_s
+        inp = self._read(now_s)
+        stats = self._stats()
+        decision, self.state = decide(inp, self._queue(stats), stats, self.state, self.config)
+        prev = self.decision
+        if prev is None or decision.knobs != prev.knobs:
+            try:
+                self.engine.apply(decision.knobs)
+                self.knob_changes += 1
+            except Exception as exc:
+                log.error("engine.apply failed: %s", exc)
+                self.errors += 1
+        if prev is None or decision.mode != prev.mode or decision.knobs != prev.knobs \
+                or decision.memory != prev.memory:
+            log.info("scheduler %s/%s: %s", decision.mode.value, decision.memory.value, decision.reason)
+        before = set(prev.throttle_reasons) if prev is not None else set()
+        for tag in decision.throttle_reasons:
+            if tag not in before:
+                self.throttle_events[tag] += 1
+        if self.admission is not None:
+            for ticket in self.admission.update(decision, inp.mem_available_bytes):
+                log.warning("shed background ticket %d: %s", ticket.ticket_id, decision.reason)
+        self.decision, self.reading = decision, inp
+        self.ticks += 1
+        return decision
+
+    def interval_s(self) -> float:
+        d = self.decision
+        return INTERVAL_S if d is None or d.mode is ThermalMode.NOMINAL else FAST_INTERVAL_S
+
+    def run_forever(self, stop_event: threading.Event) -> None:
+        """Production loop (run it in a thread); exceptions in one tick are logged, not fatal."""
+        while not stop_event.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("scheduler tick failed")
+                self.errors += 1
+            self._wait(stop_event, self.interval_s())
+
+    def start_thread(self, stop_event: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run_forever, args=(stop_event,), name="edge-scheduler",
+                                  daemon=True)
+        thread.start()
+        return thread
+
+    def status(self) -> dict[str, Any]:
+        """The last decision and counters, for /v1/status and /metrics."""
+        r = self.reading
+        return {
+            "decision": self.decision.as_dict() if self.decision is not None else None,
+            "u_sus": round(self.state.u_sus, 3),
+            "integral_c_s": round(self.state.integral_c_s, 2),
+            "temp_c": None if r is None else r.temp_c,
+            "slope_c_per_s": None if r is None else r.slope_c_per_s,
+            "telemetry_stale": None if r is None else r.stale,
+            "throttle_events": dict(self.throttle_events),
+            "knob_changes": self.knob_changes,
+            "ticks": self.ticks,
+            "errors": self.errors,
+        }

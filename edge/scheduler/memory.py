@@ -1,0 +1,105 @@
+"""Memory guard: when to stop admitting, when to shed, whether a request fits, when to unload.
+
+Thresholds follow the design notes (inferred, tunable in ControllerConfig):
+PSI `some avg10` >= 10 % or MemAvailable near the reserve pauses admission;
+PSI `full avg10` >= 2 % or MemAvailable below the reserve sheds background
+work. Leaving a state needs the signal to fall well below its threshold
+(hysteresis), so admission does not flap.
+"""
+
+from __future__ import annotations
+
+from edge.errors import InsufficientMemory, KvCacheFull
+from edge.runtime.types import EngineStats
+from edge.scheduler.state import ControlInput, ControllerConfig, MemoryMode, QueueState
+from edge.telemetry.sample import PressureLevel
+
+TIGHT_RESERVE_FACTOR = 1.25  # available below reserve x this: stop admitting
+RELEASE_RESERVE_FACTOR = 1.5  # available above reserve x this: admitting again
+
+
+def memory_mode(inp: ControlInput, prev: MemoryMode, cfg: ControllerConfig) -> tuple[MemoryMode, str]:
+    """Memory state with hysteresis, and why."""
+    avail = inp.mem_available_bytes
+    some, full, level = inp.psi_some_avg10, inp.psi_full_avg10, inp.memory_pressure
+    reserve = cfg.reserve_bytes
+    f = cfg.memory_release_factor
+
+    if full is not None and full >= cfg.psi_full_shed_pct:
+        return MemoryMode.SHED, f"PSI full avg10 {full:.1f}% >= {cfg.psi_full_shed_pct:g}%"
+    if avail is not None and avail < reserve:
+        return MemoryMode.SHED, f"available {avail >> 20} MiB below the {reserve >> 20} MiB reserve"
+    if level is not None and level >= PressureLevel.CRITICAL:
+        return MemoryMode.SHED, f"OS memory pressure {level.name.lower()}"
+    if prev is MemoryMode.SHED and (
+        (full is not None and full >= cfg.psi_full_shed_pct * f)
+        or (avail is not None and avail < reserve * 1.1)
+    ):
+        return MemoryMode.SHED, "memory still recovering after shedding"
+
+    if some is not None and some >= cfg.psi_some_pause_pct:
+        return MemoryMode.TIGHT, f"PSI some avg10 {some:.1f}% >= {cfg.psi_some_pause_pct:g}%"
+    if avail is not None and avail < reserve * TIGHT_RESERVE_FACTOR:
+        return MemoryMode.TIGHT, f"available {avail >> 20} MiB close to the {reserve >> 20} MiB reserve"
+    if level is not None and level >= PressureLevel.HEAVY:
+        return MemoryMode.TIGHT, f"OS memory pressure {level.name.lower()}"
+    if prev in (MemoryMode.TIGHT, MemoryMode.SHED) and (
+        (some is not None and some >= cfg.psi_some_pause_pct * f)
+        or (avail is not None and avail < reserve * RELEASE_RESERVE_FACTOR)
+    ):
+        return MemoryMode.TIGHT, "memory pressure easing"
+    return MemoryMode.OK, "memory ok"
+
+
+def should_unload(queue: QueueState, now_s: float, keep_alive_s: float | None) -> bool:
+    """Keep-alive: unload after `keep_alive_s` without any request (None: never)."""
+    if keep_alive_s is None or queue.busy or queue.last_activity_s is None:
+        return False
+    return now_s - queue.last_activity_s >= keep_alive_s
+
+
+def free_kv_cells(stats: EngineStats, reserved_cells: int) -> int:
+    """Cells a new request may claim.
+
+    `reserved_cells` is the full need (prompt + max_tokens) of every admitted,
+    unfinished request, which bounds what those requests can ever occupy;
+    `kv_cells_used` also counts cells nobody reserved. Taking the larger of the
+    two never counts a live request twice.
+    """
+    return stats.kv_cells_total - max(stats.kv_cells_used, reserved_cells)
+
+
+def check_fits(
+    prompt_tokens: int,
+    max_tokens: int,
+    stats: EngineStats | None,
+    reserved_cells: int,
+    mem_available_bytes: int | None,
+    reserve_bytes: int,
+    kv_bytes_per_cell: int = 0,
+    retry_after_s: float = 2.0,
+) -> None:
+    """Raise unless the request's KV fits now and system memory stays above the reserve.
+
+    `kv_bytes_per_cell` is the resident memory a cell adds when the KV buffer
+    is committed lazily (0 when it is allocated up front, as llama.cpp does).
+    """
+    need = prompt_tokens + max_tokens
+    if stats is not None and stats.kv_cells_total > 0:
+        if need > stats.kv_cells_total:
+            raise InsufficientMemory(
+                need_bytes=need * max(1, kv_bytes_per_cell),
+                available_bytes=stats.kv_cells_total * max(1, kv_bytes_per_cell),
+                what=f"KV cache of this request ({need} cells, cache holds {stats.kv_cells_total})",
+            )
+        free = free_kv_cells(stats, reserved_cells)
+        if need > free:
+            raise KvCacheFull(need_cells=need, free_cells=max(0, free), retry_after_s=retry_after_s)
+    if mem_available_bytes is not None and kv_bytes_per_cell > 0:
+        need_bytes = need * kv_bytes_per_cell
+        if mem_available_bytes - need_bytes < reserve_bytes:
+            raise InsufficientMemory(
+                need_bytes=need_bytes + reserve_bytes,
+                available_bytes=mem_available_bytes,
+                what="this request's KV cache plus the memory reserve",
+            )

@@ -1,0 +1,114 @@
+"""The actuator ladder: knob settings ordered from full speed down to paused.
+
+The thermal budget is a load fraction; the ladder turns it into knobs: stop
+admitting background work, then fewer threads and a decode duty cycle, then
+fewer active sequences, then pause (KV kept). Sequences come after threads and
+duty because the measured figures (configs/throughput) show a batch of 8
+decodes ~1.7x the tokens of a batch of 1 at nearly the same power: parking
+sequences saves little heat per token lost. The one case where fewer sequences
+comes first is interactive work sharing the device with background work: see
+`interactive_first()`. Each level carries the controller's *estimate* of its
+load; the learned sustainable load and the integral absorb that estimate's
+error on a given device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edge.runtime.types import Knobs
+
+DUTY_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(19))  # 1.0, 0.95, ... 0.1
+
+
+def estimated_load(active: int, threads: int, duty: float, n_slots: int, max_threads: int) -> float:
+    """Rough share of full power: busy cores x time stepping, rising mildly with batch size."""
+    if active <= 0 or duty <= 0:
+        return 0.0
+    batch = 0.6 + 0.4 * min(active, n_slots) / n_slots
+    return duty * min(threads, max_threads) / max_threads * batch
+
+
+@dataclass(frozen=True)
+class Level:
+    knobs: Knobs
+    load: float  # estimated load of this level, 0..1
+    label: str
+
+
+def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2) -> tuple[Level, ...]:
+    """Levels from full speed (index 0) to paused (last index); loads never increase."""
+    n_slots, max_threads = max(1, n_slots), max(1, max_threads)
+
+    def lvl(active: int, threads: int, duty: float, bg: bool, label: str) -> Level:
+        load = estimated_load(active, threads, duty, n_slots, max_threads)
+        return Level(Knobs(active, threads, duty, paused=False, admit_background=bg), load, label)
+
+    levels = [
+        lvl(n_slots, max_threads, 1.0, True, "full"),
+        lvl(n_slots, max_threads, 1.0, False, "no new background"),
+    ]
+    # threads x duty with every slot decoding: by estimated load, fewer threads first on ties
+    combos = sorted(
+        ((t, d) for t in range(1, max_threads + 1) for d in DUTY_GRID if d >= min_duty - 1e-9),
+        key=lambda td: (-estimated_load(n_slots, td[0], td[1], n_slots, max_threads), td[0]),
+    )
+    for threads, duty in combos:
+        cand = lvl(n_slots, threads, duty, False, f"{threads} threads, duty {duty:g}")
+        if cand.load < levels[-1].load - 0.015:
+            levels.append(cand)
+    floor = levels[-1].knobs
+    for active in range(n_slots - 1, 0, -1):
+        cand = lvl(active, floor.n_threads, floor.duty, False,
+                   f"{active} active, {floor.n_threads} threads, duty {floor.duty:g}")
+        if cand.load < levels[-1].load - 0.005:
+            levels.append(cand)
+    paused = Knobs(1, floor.n_threads, floor.duty, paused=True, admit_background=False)
+    levels.append(Level(paused, 0.0, "paused"))
+    return tuple(levels)
+
+
+def interactive_first(level: Level, n_interactive: int, n_slots: int, max_threads: int,
+                      min_duty: float, headroom: bool) -> Knobs:
+    """Knobs that serve interactive sequences at full speed and fill the rest of the budget with background.
+
+    The engine fills its active set interactive-first, so the active limit decides
+    how many background sequences keep decoding beside the interactive ones; the
+    others are parked (KV kept). With `headroom` (forecast at most a little over
+    target, well under the guard) the interactive sequences get full speed even
+    if that alone exceeds the level's load: a few seconds of them barely warm the
+    heatsink, and the forecast takes the boost away if they do. Without headroom
+    and when even they exceed the budget, they get a duty cycle that fits it.
+    """
+    n = max(1, min(n_interactive, n_slots))
+    budget = level.load
+    if headroom:
+        budget = max(budget, estimated_load(n, max_threads, 1.0, n_slots, max_threads))
+    def full_speed(active: int) -> float:
+        return estimated_load(active, max_threads, 1.0, n_slots, max_threads)
+
+    active = n
+    while active < n_slots and full_speed(active + 1) <= budget + 1e-9:
+        active += 1
+    if full_speed(active) <= budget + 1e-9:
+        return Knobs(active, max_threads, 1.0, paused=False, admit_background=False)
+    for threads in range(max_threads, 0, -1):
+        per_duty = estimated_load(n, threads, 1.0, n_slots, max_threads)
+        duty = min(1.0, budget / per_duty)
+        if duty >= min_duty:
+            return Knobs(n, threads, round(duty, 3), paused=False, admit_background=False)
+    return Knobs(n, 1, min_duty, paused=False, admit_background=False)
+
+
+def level_for_budget(ladder: tuple[Level, ...], budget: float) -> int:
+    """Index of the fastest level whose estimated load fits in `budget`."""
+    for i, level in enumerate(ladder):
+        if level.load <= budget + 1e-9:
+            return i
+    return len(ladder) - 1
+
+
+def level_at_most(ladder: tuple[Level, ...], load: float) -> int:
+    """Fastest running (not paused) level with load <= `load`, else the slowest running one."""
+    idx = level_for_budget(ladder, load)
+    return min(idx, len(ladder) - 2)

@@ -1,0 +1,203 @@
+"""Types of the scheduler: modes, inputs, configuration, state and decisions.
+
+All frozen: `decide()` takes these and returns new ones, so a decision can be
+replayed from a log and tested without threads or clocks.
+
+Thermal mode transitions (see controller.py):
+    NOMINAL  --T above T_on, budget below full-->  LIMITING  --budget below lowest level-->  PAUSED
+    any      --throttle flag / OS pressure >= HEAVY / T >= T_lim - 3-->  GUARD (paused, KV kept)
+    GUARD    --T < T_lim - 3 - release band and no throttle flag-->  LIMITING at the lowest level
+    any      --stale or unknown telemetry-->  CONSERVATIVE (reduced, never nominal)
+Memory mode: OK <-> TIGHT (admission paused) <-> SHED (background cancelled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from edge.runtime.types import Knobs
+from edge.telemetry.sample import PressureLevel
+
+
+class ThermalMode(str, Enum):
+    NOMINAL = "nominal"  # below T_on or no cap needed: full speed
+    LIMITING = "limiting"  # budget below full: some actuators turned down
+    PAUSED = "paused"  # budget below the lowest running level: no steps, KV kept
+    GUARD = "guard"  # a hard guard fired: paused until clearly cooler
+    CONSERVATIVE = "conservative"  # telemetry stale or unknown: reduced, never nominal
+
+
+class MemoryMode(str, Enum):
+    OK = "ok"
+    TIGHT = "tight"  # PSI some or low MemAvailable: admit nothing new
+    SHED = "shed"  # PSI full or below the reserve: cancel background work too
+
+
+@dataclass(frozen=True)
+class ControlInput:
+    """What the controller needs from one monitor reading; None is unknown."""
+
+    t_s: float
+    temp_c: float | None = None  # smoothed
+    slope_c_per_s: float | None = None
+    limit_c: float | None = None  # lowest passive trip found
+    stale: bool = False
+    kernel_throttling: bool | None = None
+    thermal_pressure: PressureLevel | None = None
+    mem_available_bytes: int | None = None
+    psi_some_avg10: float | None = None
+    psi_full_avg10: float | None = None
+    memory_pressure: PressureLevel | None = None
+
+    @classmethod
+    def from_reading(cls, reading: Any) -> ControlInput:
+        """Adapt a telemetry.monitor MonitorReading (or a bare Sample) field by field.
+
+        The monitor owns smoothing and slope; raw sample fields are looked up on
+        the reading first, then on its `sample` attribute when it has one.
+        """
+        sample = getattr(reading, "sample", None)
+
+        def pick(name: str) -> Any:
+            value = getattr(reading, name, None)
+            if value is None and sample is not None:
+                value = getattr(sample, name, None)
+            return value
+
+        t_s = pick("t_s")
+        return cls(
+            t_s=float(t_s if t_s is not None else 0.0),
+            temp_c=pick("temp_c"),
+            slope_c_per_s=pick("slope_c_per_s"),
+            limit_c=pick("limit_c"),
+            stale=bool(pick("stale")),
+            kernel_throttling=pick("kernel_throttling"),
+            thermal_pressure=pick("thermal_pressure"),
+            mem_available_bytes=pick("mem_available_bytes"),
+            psi_some_avg10=pick("psi_some_avg10"),
+            psi_full_avg10=pick("psi_full_avg10"),
+            memory_pressure=pick("memory_pressure"),
+        )
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """Requests the admission layer holds, by priority."""
+
+    waiting_interactive: int = 0
+    waiting_background: int = 0
+    running_interactive: int = 0
+    running_background: int = 0
+    last_activity_s: float | None = None  # when a request last arrived or finished
+
+    @property
+    def busy(self) -> bool:
+        return (self.waiting_interactive + self.waiting_background
+                + self.running_interactive + self.running_background) > 0
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Gains and thresholds; the same values serve every device (T_lim comes from the device)."""
+
+    n_slots: int = 4
+    max_threads: int = 2
+    limit_c: float = 90.0  # profile fallback when no passive trip is exposed
+    margin_c: float = 6.0  # T_set = T_lim - margin (design: ~12; `edge sim` shows 6 stays >1.5 C clear)
+    on_band_c: float = 10.0  # T_on = T_set - on_band: below, no cap at all
+    guard_band_c: float = 3.0  # hard guard at T_lim - guard_band
+    guard_release_c: float = 3.0  # leave GUARD below T_lim - guard_band - release
+    horizon_s: float = 15.0  # forecast T + h * slope
+    gain_floor: float = 0.25  # gains scale with u_sus but never below this fraction
+    k_i_per_c_s: float = 0.004  # integral gain (budget per degree-second above target)
+    integral_max_c_s: float = 100.0  # anti-windup clamp
+    integral_decay_s: float = 60.0  # integral bleeds off with this time constant below target
+    u_sus_rate: float = 0.05  # learning rate of the sustainable load
+    u_sus_band_c: float = 2.0  # learn only within this band of T_set ...
+    u_sus_slope_c_per_s: float = 0.03  # ... and while the temperature is nearly flat
+    hysteresis_load: float = 0.05  # step up only when the budget clears the next level by this much
+    down_interval_s: float = 2.0  # rate limit for turning down
+    up_interval_s: float = 5.0  # rate limit for turning up
+    interactive_band_c: float = 1.5  # interactive work alone may run at full speed up to T_set + this
+    climb_band_c: float = 3.0  # within this of T_set, climb in bounded steps; below it, jump to the budget
+    min_duty: float = 0.2
+    conservative_load: float = 0.5  # stale/unknown telemetry: at most this estimated load
+    # memory
+    reserve_bytes: int = 1 << 30  # keep this much system memory free
+    psi_some_pause_pct: float = 10.0  # admission pauses above this PSI some avg10
+    psi_full_shed_pct: float = 2.0  # background is shed above this PSI full avg10
+    memory_release_factor: float = 0.5  # leave TIGHT/SHED below threshold * factor
+    keep_alive_s: float | None = None  # unload after this idle time (None: never)
+
+    @property
+    def k_pu(self) -> float:
+        """Gain below target per unit of sustainable load (power_allocator: 2 * SP / (T_set - T_on))."""
+        return 2.0 / self.on_band_c
+
+    @property
+    def k_po(self) -> float:
+        """Gain above target per unit of sustainable load (power_allocator: SP / (T_set - T_on))."""
+        return 1.0 / self.on_band_c
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """Memory of the controller between decisions."""
+
+    mode: ThermalMode = ThermalMode.NOMINAL
+    memory: MemoryMode = MemoryMode.OK
+    level: int = 0  # index into the actuator ladder; 0 is full speed
+    last_change_s: float | None = None
+    last_t_s: float | None = None
+    integral_c_s: float = 0.0
+    u_sus: float = 1.0  # learned sustainable load; starts optimistic, learned near T_set
+    idle_since_s: float | None = None
+    unloaded: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do now; `knobs` go to the engine, the flags to admission and the API."""
+
+    knobs: Knobs
+    mode: ThermalMode
+    memory: MemoryMode
+    admit_interactive: bool
+    admit_background: bool
+    shed_background: bool
+    unload: bool
+    reason: str
+    t_s: float
+    budget: float = 1.0  # allowed load fraction, 0..1
+    t_lim_c: float | None = None
+    t_set_c: float | None = None
+    forecast_c: float | None = None
+    cooldown_s: float = 0.0  # estimated time until work can resume (paused/guard)
+    throttle_reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> dict[str, Any]:
+        k = self.knobs
+        return {
+            "mode": self.mode.value,
+            "memory": self.memory.value,
+            "reason": self.reason,
+            "t_s": self.t_s,
+            "budget": round(self.budget, 3),
+            "t_lim_c": self.t_lim_c,
+            "t_set_c": self.t_set_c,
+            "forecast_c": None if self.forecast_c is None else round(self.forecast_c, 2),
+            "admit_interactive": self.admit_interactive,
+            "admit_background": self.admit_background,
+            "shed_background": self.shed_background,
+            "unload": self.unload,
+            "cooldown_s": round(self.cooldown_s, 1),
+            "knobs": {
+                "active_limit": k.active_limit,
+                "n_threads": k.n_threads,
+                "duty": round(k.duty, 3),
+                "paused": k.paused,
+                "admit_background": k.admit_background,
+            },
+        }

@@ -1,0 +1,1 @@
+"""The `edge sim` evaluation harness: simulated time, simulated device, measured engine speed."""

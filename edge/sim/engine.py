@@ -1,0 +1,187 @@
+"""The engine as the harness models it: slots, priorities, chunked prefill, knobs, measured speed.
+
+Each step spends `dt * duty * clock` seconds of compute. While prompts are
+pending, a batch holds a 128-token prompt chunk (interactive first) plus one
+token per decoding sequence, at the measured prefill rate; otherwise one shared
+decode batch runs at the measured aggregate rate for that many sequences and
+threads. Resident memory grows with the KV cells in use (pages of the KV buffer
+are committed when first written), which is what a memory hog competes with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edge.runtime.types import EngineState, EngineStats, Knobs, Priority
+from edge.sim.throughput import ThroughputModel
+from edge.sim.workloads import SimRequest
+
+RELOAD_S = 15.0  # time to restart and reload after the OOM killer took the engine
+PREFILL_CHUNK = 128  # prompt tokens per mixed step (bounds the stall other sequences see)
+
+
+@dataclass
+class StepResult:
+    finished: list[SimRequest] = field(default_factory=list)
+    latencies: list[tuple[float, int]] = field(default_factory=list)  # (inter-token gap s, tokens)
+    tokens: int = 0
+
+
+class SimEngine:
+    def __init__(self, throughput: ThroughputModel, n_slots: int, knobs: Knobs, model_bytes: int,
+                 kv_bytes_per_cell: int, kv_cells_total: int) -> None:
+        self.tp = throughput
+        self.n_slots = n_slots
+        self.knobs = knobs
+        self.model_bytes = model_bytes
+        self.kv_bytes_per_cell = kv_bytes_per_cell
+        self.kv_cells_total = kv_cells_total
+        self.waiting: list[SimRequest] = []
+        self.slots: list[SimRequest] = []
+        self.down_until_s: float | None = None
+        self.active_now = 0
+        self.last_step_tokens = 0
+        self.last_step_s = 0.0
+
+    def apply(self, knobs: Knobs) -> None:
+        self.knobs = knobs
+
+    def submit(self, req: SimRequest) -> None:
+        self.waiting.append(req)
+
+    def cancel(self, req: SimRequest) -> bool:
+        for q in (self.waiting, self.slots):
+            if req in q:
+                q.remove(req)
+                return True
+        return False
+
+    def kill(self, now_s: float) -> list[SimRequest]:
+        """The OOM killer took the process: every request in it is gone, without an answer."""
+        lost = self.waiting + self.slots
+        self.waiting, self.slots = [], []
+        self.down_until_s = now_s + RELOAD_S
+        return lost
+
+    @property
+    def up(self) -> bool:
+        return self.down_until_s is None
+
+    def resident_bytes(self) -> int:
+        if not self.up:
+            return 0
+        return self.model_bytes + self.kv_bytes_per_cell * sum(r.kv_cells for r in self.slots)
+
+    def _active(self) -> list[SimRequest]:
+        order = sorted(self.slots, key=lambda r: (r.priority, r.rid))
+        return order[: max(0, self.knobs.active_limit)]
+
+    def stats(self) -> EngineStats:
+        k = self.knobs
+        state = EngineState.READY if self.up else EngineState.LOADING
+        if self.up and k.paused:
+            state = EngineState.PAUSED
+        n_wait_i = sum(1 for r in self.waiting if r.priority is Priority.INTERACTIVE)
+        return EngineStats(
+            state=state, step_time_s=self.last_step_s, decode_time_s=self.last_step_s,
+            tokens_decoded=self.last_step_tokens, tokens_prefilled=0,
+            active=self.active_now, parked=max(0, len(self.slots) - self.active_now),
+            waiting=len(self.waiting), waiting_interactive=n_wait_i,
+            kv_cells_used=sum(r.kv_cells for r in self.slots), kv_cells_total=self.kv_cells_total,
+            n_slots=self.n_slots, knobs=k,
+        )
+
+    def load(self) -> tuple[int, int, float]:
+        """(active sequences, threads, duty) for the device's power model."""
+        if not self.up or self.knobs.paused:
+            return 0, self.knobs.n_threads, 0.0
+        return self.active_now, self.knobs.n_threads, self.knobs.duty
+
+    def step(self, now_s: float, dt_s: float, clock_factor: float) -> StepResult:
+        res = StepResult()
+        if self.down_until_s is not None:
+            if now_s < self.down_until_s:
+                self.active_now = 0
+                return res
+            self.down_until_s = None
+        k = self.knobs
+        # admit waiting requests into free slots, interactive first
+        self.waiting.sort(key=lambda r: (r.priority, r.rid))
+        for req in list(self.waiting):
+            if len(self.slots) >= self.n_slots:
+                break
+            if req.priority is Priority.BACKGROUND and not k.admit_background:
+                continue
+            self.waiting.remove(req)
+            self.slots.append(req)
+        active = [] if k.paused else self._active()
+        self.active_now = len(active)
+        speed = k.duty * clock_factor  # fraction of wall time doing useful compute
+        budget_s = dt_s * speed
+        if not active or budget_s <= 0:
+            self.last_step_tokens, self.last_step_s = 0, dt_s
+            return res
+        # Chunked prefill, as a continuous-batching engine does it: a step holds a prompt
+        # chunk (interactive first) plus one token per decoding sequence; a step without
+        # prompts decodes at the measured aggregate rate for that many sequences.
+        prefill_tps = self.tp.prefill_tokens_per_s(k.n_threads)
+        start_gen = {id(r): r.generated for r in active}
+        first_at: dict[int, float] = {}
+        elapsed_s = 0.0
+        while budget_s - elapsed_s > 1e-9:
+            decoding = [r for r in active if r.prefilled >= r.prompt_tokens and not r.done]
+            prefilling = [r for r in active if r.prefilled < r.prompt_tokens]
+            if any(r.priority is Priority.INTERACTIVE and r.first_token_s is None and id(r) not in first_at
+                   for r in active):
+                # an interactive request waits for its first token: no background prompt chunks meanwhile
+                prefilling = [r for r in prefilling if r.priority is Priority.INTERACTIVE]
+            if not decoding and not prefilling:
+                break
+            left_s = budget_s - elapsed_s
+            if prefilling:
+                chunk = min(PREFILL_CHUNK, sum(r.prompt_tokens - r.prefilled for r in prefilling))
+                step_s = (chunk + len(decoding)) / prefill_tps
+                frac = min(1.0, left_s / step_s)
+                todo = chunk * frac
+                for req in prefilling:
+                    take = min(req.prompt_tokens - req.prefilled, todo)
+                    req.prefilled += take
+                    todo -= take
+                    if req.prompt_tokens - req.prefilled < 1e-6:
+                        req.prefilled = float(req.prompt_tokens)
+                gain = {id(r): frac for r in decoding}
+                span_s = step_s * frac
+            else:
+                per_seq = self.tp.decode_tokens_per_s(len(decoding), k.n_threads) / len(decoding)
+                span_s = min(left_s, min((r.gen_tokens - r.generated) / per_seq for r in decoding))
+                span_s = max(span_s, 1e-6)
+                gain = {id(r): per_seq * span_s for r in decoding}
+            for req in decoding:
+                g = gain[id(req)]
+                before = req.generated
+                req.generated = min(float(req.gen_tokens), before + g)
+                if req.first_token_s is None and id(req) not in first_at and req.generated >= 1.0 and g > 0:
+                    first_at[id(req)] = elapsed_s + span_s * min(1.0, (1.0 - before) / g)
+                if req.gen_tokens - req.generated < 1e-6:
+                    req.generated = float(req.gen_tokens)
+                    req.done = True
+            elapsed_s += span_s
+        t_end = now_s + dt_s
+        for req in active:
+            n_new = int(req.generated) - int(start_gen[id(req)])
+            if n_new <= 0:
+                continue
+            res.tokens += n_new
+            if req.first_token_s is None:
+                req.first_token_s = min(t_end, now_s + first_at.get(id(req), dt_s * speed) / speed)
+                req.last_emit_s = req.first_token_s
+                n_new -= 1
+            if n_new > 0:
+                gap = (t_end - (req.last_emit_s if req.last_emit_s is not None else t_end)) / n_new
+                res.latencies.append((gap, n_new))
+                req.last_emit_s = t_end
+        for req in [r for r in self.slots if r.done]:
+            self.slots.remove(req)
+            res.finished.append(req)
+        self.last_step_tokens, self.last_step_s = res.tokens, dt_s
+        return res

@@ -1,0 +1,291 @@
+"""Run scenarios x policies on the simulated device in simulated time, deterministically.
+
+One run: clients send requests through `Admission` into the modelled engine;
+every second the policy reads telemetry (smoothed, with a little seeded sensor
+noise) and sets the knobs; the engine's load heats the RC device; the device's
+hardware throttle slows the engine; a memory hog can push the engine into the
+OOM killer. Metrics count what users and the device experienced.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edge.clock import ManualClock
+from edge.config import DeviceProfile, load_profile
+from edge.errors import EdgeError
+from edge.runtime.types import Knobs, Priority
+from edge.scheduler.admission import Admission, Ticket
+from edge.scheduler.state import ControllerConfig, ThermalMode
+from edge.sim.engine import SimEngine
+from edge.sim.metrics import RunMetrics, weighted_percentile
+from edge.sim.policies import ConstantPolicy, EdgePolicy, Policy, ThresholdPolicy, Trend
+from edge.sim.throughput import ThroughputModel
+from edge.sim.workloads import WORKLOADS, Client, SimRequest
+from edge.telemetry.simulated import SimulatedDevice
+
+DT_S = 0.25
+CONTROL_PERIOD_S = 1.0  # as the production loop: 1 s when nominal, 0.5 s otherwise
+FAST_CONTROL_PERIOD_S = 0.5
+N_SLOTS = 8
+MAX_QUEUE = 64
+SENSOR_NOISE_C = 0.15
+USER_RETRY_AFTER_LOSS_S = 5.0
+# Memory footprint of the measured model (SmolLM2-135M Q4_1, f16 KV): weights and bytes per KV cell
+# = n_layer 30 x (n_embd_k_gqa 192 + n_embd_v_gqa 192) x 2 bytes.
+MODEL_BYTES = 100 << 20
+KV_BYTES_PER_CELL = 30 * (192 + 192) * 2
+KV_CELLS_TOTAL = N_SLOTS * 2048
+HOG_HEADROOM_BYTES = 96 << 20  # what the hog leaves beyond the engine's weights
+POLICIES = ("none", "threshold", "edge")
+PROFILES = ("jetson-orin-nano", "raspberry-pi-5")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workload: str
+    description: str
+    ambient_c: float | None = None  # None: the profile's ambient
+    fan_fail_at: float | None = None  # fraction of the run; sink->ambient resistance x fan_factor
+    fan_factor: float = 2.0
+    hog_at: float | None = None  # fraction of the run when a memory hog appears ...
+    hog_until: float | None = None  # ... and when it exits
+    baseline_workload: str | None = None  # unloaded variant for the TTFT comparison
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("chat", "chat", "6 chat users, normal ambient"),
+    Scenario("chat-hot", "chat", "6 chat users, 35 C ambient", ambient_c=35.0),
+    Scenario("burst-hot", "burst", "bursts of 10 requests every 75 s + 1 user, 35 C", ambient_c=35.0),
+    Scenario("background", "background", "batch job (4 streams) + 1 interactive user, 35 C",
+             ambient_c=35.0, baseline_workload="interactive-only"),
+    Scenario("fan-failure", "chat", "6 chat users; the fan fails a third of the way in", fan_fail_at=1 / 3),
+    Scenario("memory-hog", "background", "batch job + 1 user; a memory hog takes RAM from 30% to 70%",
+             hog_at=0.3, hog_until=0.7),
+)}
+
+
+def make_policy(name: str, profile: DeviceProfile, tp: ThroughputModel,
+                config: ControllerConfig | None = None, knobs: Knobs | None = None) -> Policy:
+    full = Knobs(N_SLOTS, tp.max_threads, 1.0)
+    if name == "none":
+        return ConstantPolicy(full, "none")
+    if name == "constant":
+        return ConstantPolicy(knobs or full, "constant")
+    if name == "threshold":
+        return ThresholdPolicy(full, pause_c=profile.thermal_limit_c - 8.0, cooldown_s=30.0)
+    if name == "edge":
+        return EdgePolicy(config or controller_config(profile, tp))
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+
+
+def controller_config(profile: DeviceProfile, tp: ThroughputModel) -> ControllerConfig:
+    """Production defaults; only the device facts (slots, threads, limit, reserve) vary."""
+    return ControllerConfig(n_slots=N_SLOTS, max_threads=tp.max_threads, limit_c=profile.thermal_limit_c,
+                            reserve_bytes=profile.memory_reserve_bytes)
+
+
+class _Run:
+    """State of one simulated run (kept in one object so the step loop stays readable)."""
+
+    def __init__(self, scenario: Scenario, policy: Policy, profile: DeviceProfile, tp: ThroughputModel,
+                 duration_s: float, seed: int, workload: str) -> None:
+        self.sc, self.policy, self.profile, self.duration_s = scenario, policy, profile, duration_s
+        self.rng = random.Random(seed)
+        self.noise = random.Random(seed + 1)
+        self.clock = ManualClock()
+        self.device = SimulatedDevice(profile, tp, order=2)
+        if scenario.ambient_c is not None:
+            self.device.ambient_c = self.device.die_c = self.device.sink_c = scenario.ambient_c
+        self.engine = SimEngine(tp, N_SLOTS, Knobs(N_SLOTS, tp.max_threads, 1.0), MODEL_BYTES,
+                                KV_BYTES_PER_CELL, KV_CELLS_TOTAL)
+        guarded = isinstance(policy, EdgePolicy)
+        self.admission = Admission(
+            MAX_QUEUE, stats_provider=self.engine.stats if guarded else None, clock=self.clock,
+            reserve_bytes=profile.memory_reserve_bytes if guarded else 0,
+            kv_bytes_per_cell=KV_BYTES_PER_CELL if guarded else 0)
+        self.clients: list[Client] = WORKLOADS[workload]()
+        self.retries: list[tuple[float, int, SimRequest]] = []
+        self.tickets: dict[int, Ticket] = {}
+        self.trend = Trend()
+        self.next_rid = 0
+        self.m = RunMetrics(scenario.name, policy.name, profile.name, duration_s)
+        self.latencies: list[tuple[float, int]] = []
+        self.ttfts: list[tuple[float, int]] = []
+
+    # --- requests -------------------------------------------------------
+    def _new(self, client: Client, t: float) -> SimRequest:
+        self.next_rid += 1
+        client.in_flight += 1
+        return client.make(self.rng, self.next_rid, t)
+
+    def _send(self, req: SimRequest, t: float) -> None:
+        try:
+            ticket = self.admission.admit(req.priority, req.prompt_tokens, req.client.gen_range[1])
+        except EdgeError as err:
+            self.m.rejected_with_error += 1
+            self._retry(req, t + float(getattr(err, "retry_after_s", 10.0)))
+            return
+        ticket.bind(lambda err, r=req: self._shed(r, err))
+        self.tickets[req.rid] = ticket
+        req.ticket = ticket
+        req.prefilled = req.generated = 0.0
+        self.engine.submit(req)
+
+    def _retry(self, req: SimRequest, due_s: float) -> None:
+        heapq.heappush(self.retries, (due_s, req.rid, req))
+
+    def _shed(self, req: SimRequest, err: EdgeError) -> None:
+        self.engine.cancel(req)
+        self.tickets.pop(req.rid, None)
+        self.m.shed_with_error += 1
+        self._retry(req, self.clock.monotonic() + float(getattr(err, "retry_after_s", 10.0)))
+
+    def _finish(self, req: SimRequest, t: float) -> None:
+        ticket = self.tickets.pop(req.rid, None)
+        if ticket is not None:
+            ticket.release()
+        self.m.tokens += req.gen_tokens
+        self.m.completed += 1
+        if req.priority is Priority.INTERACTIVE and req.first_token_s is not None:
+            self.ttfts.append((req.first_token_s - req.first_try_s, 1))
+        req.client.in_flight -= 1
+        if req.client.closed_loop:
+            req.client.due_s = t + req.client.think_s(self.rng)
+
+    def _arrivals(self, t: float) -> None:
+        for c in self.clients:
+            if c.closed_loop:
+                if c.in_flight == 0 and t >= c.due_s:
+                    self._send(self._new(c, t), t)
+            elif t >= c.due_s:
+                for _ in range(c.burst):
+                    self._send(self._new(c, t), t)
+                c.due_s += c.period_s
+        while self.retries and self.retries[0][0] <= t:
+            _, _, req = heapq.heappop(self.retries)
+            self._send(req, t)
+
+    # --- conditions -----------------------------------------------------
+    def _conditions(self, t: float) -> None:
+        frac = t / self.duration_s
+        sc, dev = self.sc, self.device
+        if sc.fan_fail_at is not None:
+            dev.resistance_factor = sc.fan_factor if frac >= sc.fan_fail_at else 1.0
+        if sc.hog_at is not None:
+            until = sc.hog_until if sc.hog_until is not None else 2.0
+            if sc.hog_at <= frac < until:
+                full = dev.mem_total_bytes - dev.os_used_bytes - MODEL_BYTES - HOG_HEADROOM_BYTES
+                ramp = min(1.0, (t - sc.hog_at * self.duration_s) / 20.0)
+                dev.set_memory_hog(int(full * ramp))
+            else:
+                dev.set_memory_hog(0)
+
+    def _control(self, t: float) -> None:
+        sample = self.device.sample(t)
+        assert sample.temp_c is not None
+        self.trend.update(t, sample.temp_c + self.noise.gauss(0.0, SENSOR_NOISE_C))
+        knobs = self.policy.control(sample, self.trend, self.admission.queue_state(), self.engine.stats())
+        self.engine.apply(knobs)
+        if self.policy.decision is not None:
+            self.admission.update(self.policy.decision, sample.mem_available_bytes)
+
+    def run(self, stop_on_throttle: bool = False) -> RunMetrics:
+        n_steps = round(self.duration_s / DT_S)
+        next_control_s = 0.0
+        dev, eng, m = self.device, self.engine, self.m
+        limit_c = self.profile.thermal_limit_c
+        for i in range(n_steps):
+            t = i * DT_S
+            self.clock.set(t)
+            self._conditions(t)
+            self._arrivals(t)
+            if t >= next_control_s:
+                self._control(t)
+                d = self.policy.decision
+                fast = d is not None and d.mode is not ThermalMode.NOMINAL
+                next_control_s = t + (FAST_CONTROL_PERIOD_S if fast else CONTROL_PERIOD_S) - 1e-9
+            res = eng.step(t, DT_S, dev.clock_factor)
+            for req in eng.slots:
+                ticket = self.tickets.get(req.rid)
+                if ticket is not None and ticket.state.value == "waiting":
+                    ticket.start()
+            for req in res.finished:
+                self._finish(req, t + DT_S)
+            self.latencies.extend(res.latencies)
+            dev.set_load(*eng.load())
+            dev.set_engine_memory(eng.resident_bytes())
+            dev.step(DT_S)
+            if eng.up and dev.check_oom():
+                m.oom_events += 1
+                for req in eng.kill(t):
+                    m.lost_without_error += 1
+                    ticket = self.tickets.pop(req.rid, None)
+                    if ticket is not None:
+                        ticket.release()
+                    self._retry(req, t + USER_RETRY_AFTER_LOSS_S)
+                dev.set_engine_memory(0)
+            m.max_temp_c = max(m.max_temp_c, dev.temp_c)
+            if dev.temp_c >= limit_c - 3.0:
+                m.seconds_above_limit_minus_3 += DT_S
+            if dev.hw_throttled:
+                m.seconds_hw_throttled += DT_S
+                if stop_on_throttle:
+                    break
+        m.p50_token_latency_s = weighted_percentile(self.latencies, 0.5)
+        m.p99_token_latency_s = weighted_percentile(self.latencies, 0.99)
+        m.interactive_p99_ttft_s = weighted_percentile(self.ttfts, 0.99)
+        m.unanswered_at_end = len(eng.waiting) + len(eng.slots) + len(self.retries)
+        m.tokens += sum(int(r.generated) for r in eng.slots)  # streamed to users when the run stops
+        if isinstance(self.policy, EdgePolicy):
+            m.extra["throttle_decisions"] = self.policy.state.mode.value
+        return m
+
+
+def run_scenario(scenario: Scenario | str, policy: str, profile: str | DeviceProfile, tp: ThroughputModel,
+                 duration_s: float = 1800.0, seed: int = 7, knobs: Knobs | None = None,
+                 config: ControllerConfig | None = None, stop_on_throttle: bool = False,
+                 workload: str | None = None) -> RunMetrics:
+    sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    pol = make_policy(policy, prof, tp, config=config, knobs=knobs)
+    run = _Run(sc, pol, prof, tp, duration_s, seed, workload or sc.workload)
+    m = run.run(stop_on_throttle=stop_on_throttle)
+    if sc.baseline_workload and workload is None and policy == "edge":
+        base = run_scenario(sc, policy, prof, tp, duration_s, seed, config=config,
+                            workload=sc.baseline_workload)
+        m.extra["unloaded_interactive_p99_ttft_s"] = base.interactive_p99_ttft_s
+    return m
+
+
+def sweep(scenario: Scenario | str, profile: str | DeviceProfile, tp: ThroughputModel,
+          duration_s: float = 1800.0, seed: int = 7,
+          progress: Callable[[str], None] | None = None) -> tuple[Knobs | None, RunMetrics | None]:
+    """Best constant (active x threads x duty) that never throttles and never OOMs, by tokens.
+
+    For each (active, threads) the highest safe duty is found by bisection over a
+    0.1 grid (heat rises with duty), so the sweep needs a few runs per pair.
+    """
+    duties = [round(0.1 * i, 1) for i in range(2, 11)]
+    best: tuple[Knobs | None, RunMetrics | None] = (None, None)
+    for threads in range(1, tp.max_threads + 1):
+        for active in sorted({1, 2, 3, 4, 6, N_SLOTS}):
+            lo, hi, found = 0, len(duties) - 1, None
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                knobs = Knobs(active, threads, duties[mid])
+                m = run_scenario(scenario, "constant", profile, tp, duration_s, seed, knobs=knobs,
+                                 stop_on_throttle=True)
+                if m.seconds_hw_throttled == 0 and m.oom_events == 0:
+                    found, lo = (knobs, m), mid + 1
+                else:
+                    hi = mid - 1
+            if found is not None and (best[1] is None or found[1].tokens > best[1].tokens):
+                best = found
+                if progress:
+                    progress(f"  best so far {found[0]}: {found[1].tokens} tokens")
+    return best

@@ -1,0 +1,128 @@
+"""Admission: bounds, priorities, heat and memory refusals, shedding, Retry-After from the real rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.clock import ManualClock
+from edge.errors import DevicePaused, EdgeError, KvCacheFull, QueueFull, RequestShed
+from edge.runtime.types import EngineState, EngineStats, Knobs, Priority
+from edge.scheduler.admission import Admission, TicketState
+from edge.scheduler.state import Decision, MemoryMode, ThermalMode
+
+INT, BG = Priority.INTERACTIVE, Priority.BACKGROUND
+
+
+def decision(mode: ThermalMode = ThermalMode.NOMINAL, memory: MemoryMode = MemoryMode.OK,
+             cooldown_s: float = 0.0) -> Decision:
+    heat = mode in (ThermalMode.GUARD, ThermalMode.PAUSED)
+    ok = not heat and memory is MemoryMode.OK
+    return Decision(knobs=Knobs(4, 2, paused=heat), mode=mode, memory=memory, admit_interactive=ok,
+                    admit_background=ok, shed_background=memory is MemoryMode.SHED, unload=False,
+                    reason=f"{mode.value}/{memory.value}", t_s=0.0, cooldown_s=cooldown_s)
+
+
+def kv_stats(used: int = 0, total: int = 1000, tokens: int = 20, step_s: float = 0.5) -> EngineStats:
+    return EngineStats(state=EngineState.READY, step_time_s=step_s, decode_time_s=step_s,
+                       tokens_decoded=tokens,
+                       tokens_prefilled=0, active=4, parked=0, waiting=0, waiting_interactive=0,
+                       kv_cells_used=used, kv_cells_total=total, n_slots=4, knobs=Knobs(4, 2))
+
+
+def test_queue_bound_and_background_share() -> None:
+    adm = Admission(max_queue=4, clock=ManualClock())
+    bg = [adm.admit(BG, 10, 10) for _ in range(2)]  # background may fill half of the queue
+    with pytest.raises(QueueFull) as exc:
+        adm.admit(BG, 10, 10)
+    assert exc.value.max_queue == 2
+    inter = [adm.admit(INT, 10, 10) for _ in range(2)]  # interactive still finds room
+    with pytest.raises(QueueFull):
+        adm.admit(INT, 10, 10)
+    q = adm.queue_state()
+    assert (q.waiting_interactive, q.waiting_background) == (2, 2)
+    inter[0].start()
+    bg[0].start()
+    q = adm.queue_state()
+    assert (q.running_interactive, q.running_background, q.waiting_interactive) == (1, 1, 1)
+    adm.admit(INT, 10, 10)  # a started ticket no longer counts as waiting
+    assert adm.rejected == {"QueueFull": 2}
+
+
+def test_release_is_idempotent_and_records_activity() -> None:
+    clock = ManualClock(5.0)
+    adm = Admission(max_queue=2, clock=clock)
+    t = adm.admit(INT, 1, 1)
+    clock.advance(3.0)
+    t.release()
+    t.release()
+    assert t.state is TicketState.DONE
+    q = adm.queue_state()
+    assert not q.busy and q.last_activity_s == 8.0
+
+
+def test_retry_after_follows_completion_rate() -> None:
+    def retry_with(rate_gap_s: float) -> float:
+        clock = ManualClock()
+        adm = Admission(max_queue=1, clock=clock)
+        for _ in range(10):
+            adm.admit(INT, 1, 1).release()
+            clock.advance(rate_gap_s)
+        adm.admit(INT, 1, 1)
+        with pytest.raises(QueueFull) as exc:
+            adm.admit(INT, 1, 1)
+        return exc.value.retry_after_s
+
+    fast, slow = retry_with(0.5), retry_with(4.0)
+    assert fast == pytest.approx(1.0, abs=0.1)  # 2 completions/s, one place: ~0.5 s, clamped to 1 s
+    assert slow == pytest.approx(4.0, abs=0.5)  # 0.25/s: one place frees in ~4 s
+    assert slow > fast
+
+
+def test_paused_for_heat_refuses_with_cooldown() -> None:
+    adm = Admission(max_queue=8, clock=ManualClock())
+    adm.update(decision(ThermalMode.GUARD, cooldown_s=17.0))
+    with pytest.raises(DevicePaused) as exc:
+        adm.admit(INT, 10, 10)
+    assert exc.value.retry_after_s == 17.0 and "guard" in exc.value.reason
+    adm.update(decision(ThermalMode.LIMITING))
+    adm.admit(INT, 10, 10)
+
+
+def test_memory_tight_and_shed() -> None:
+    adm = Admission(max_queue=8, clock=ManualClock())
+    adm.update(decision(memory=MemoryMode.TIGHT))
+    for prio in (INT, BG):
+        with pytest.raises(DevicePaused):
+            adm.admit(prio, 1, 1)
+    adm.update(decision(memory=MemoryMode.SHED))
+    with pytest.raises(RequestShed):
+        adm.admit(BG, 1, 1)
+    with pytest.raises(DevicePaused):
+        adm.admit(INT, 1, 1)
+
+
+def test_shedding_cancels_background_with_an_error() -> None:
+    adm = Admission(max_queue=8, clock=ManualClock())
+    got: list[EdgeError] = []
+    bg = adm.admit(BG, 5, 5)
+    bg.bind(got.append)
+    bg.start()
+    inter = adm.admit(INT, 5, 5)
+    shed = adm.update(decision(memory=MemoryMode.SHED))
+    assert shed == [bg] and bg.state is TicketState.SHED
+    assert len(got) == 1 and isinstance(got[0], RequestShed) and got[0].retry_after_s >= 1.0
+    assert bg.error is got[0]
+    assert inter.state is TicketState.WAITING  # interactive work is never shed
+    assert adm.shed_count == 1 and adm.queue_state().running_background == 0
+
+
+def test_kv_reservations_bound_admission() -> None:
+    stats = {"s": kv_stats(used=0, total=1000)}
+    adm = Admission(max_queue=8, stats_provider=lambda: stats["s"], clock=ManualClock())
+    a = adm.admit(INT, 300, 300)
+    with pytest.raises(KvCacheFull) as exc:
+        adm.admit(INT, 200, 300)  # 600 reserved + 500 > 1000
+    # Retry-After from the engine's token rate: 100 cells short at 40 tokens/s
+    assert exc.value.free_cells == 400 and exc.value.retry_after_s == pytest.approx(2.5)
+    a.release()
+    adm.admit(INT, 200, 300)

@@ -1,0 +1,276 @@
+"""The pure controller: control law, hysteresis, rate limit, anti-windup, guards, conservative mode."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from edge.runtime.types import EngineState, EngineStats, Knobs
+from edge.scheduler.controller import decide, ladder_for
+from edge.scheduler.policy import estimated_load, level_for_budget
+from edge.scheduler.state import (
+    ControlInput,
+    ControllerConfig,
+    ControllerState,
+    MemoryMode,
+    QueueState,
+    ThermalMode,
+)
+from edge.telemetry.sample import PressureLevel, Sample
+
+CFG = ControllerConfig(n_slots=8, max_threads=2, limit_c=99.0, reserve_bytes=1 << 30)
+T_SET = 99.0 - CFG.margin_c
+T_ON = T_SET - CFG.on_band_c
+T_GUARD = 99.0 - CFG.guard_band_c
+Q = QueueState()
+
+
+def inp(t_s: float, temp_c: float | None, slope: float = 0.0, **kw: object) -> ControlInput:
+    return ControlInput(t_s=t_s, temp_c=temp_c, slope_c_per_s=slope, limit_c=99.0, **kw)  # type: ignore[arg-type]
+
+
+def stats(knobs: Knobs, active: int = 8) -> EngineStats:
+    return EngineStats(
+        state=EngineState.READY,
+        step_time_s=0.1,
+        decode_time_s=0.1,
+        tokens_decoded=active,
+        tokens_prefilled=0,
+        active=active,
+        parked=0,
+        waiting=0,
+        waiting_interactive=0,
+        kv_cells_used=0,
+        kv_cells_total=8192,
+        n_slots=8,
+        knobs=knobs,
+    )
+
+
+def run(seq: list[ControlInput], state: ControllerState | None = None, cfg: ControllerConfig = CFG):
+    state = state or ControllerState()
+    out = []
+    for r in seq:
+        d, state = decide(r, Q, stats(ladder_for(cfg)[state.level].knobs), state, cfg)
+        out.append(d)
+    return out, state
+
+
+def test_below_t_on_runs_full_speed() -> None:
+    (d,), st = run([inp(0, T_ON - 5)])
+    assert d.mode is ThermalMode.NOMINAL and st.level == 0
+    assert d.knobs == ladder_for(CFG)[0].knobs and d.knobs.admit_background
+    assert d.admit_interactive and d.admit_background and not d.shed_background
+    assert d.budget == 1.0 and d.t_set_c == T_SET and d.reason
+
+
+def test_step_response_turns_down_with_heat_and_forecast() -> None:
+    # same temperature just above target; a rising slope forecasts more heat and cuts deeper
+    (flat,), _ = run([inp(0, T_SET + 1, slope=0.0)])
+    (rising,), _ = run([inp(0, T_SET + 1, slope=0.3)])
+    assert flat.mode is ThermalMode.LIMITING
+    assert rising.budget < flat.budget
+    assert rising.forecast_c == pytest.approx(T_SET + 1 + CFG.horizon_s * 0.3)
+    assert (
+        rising.knobs.active_limit * rising.knobs.n_threads * rising.knobs.duty
+        < flat.knobs.active_limit * flat.knobs.n_threads * flat.knobs.duty
+    )
+    # far over target: budget below the lowest running level -> paused (KV kept)
+    (hot,), _ = run([inp(0, T_GUARD - 0.5, slope=0.5)])
+    assert hot.mode is ThermalMode.PAUSED and hot.knobs.paused and not hot.admit_interactive
+    assert hot.cooldown_s > 0
+
+
+def test_first_actuator_is_background_admission() -> None:
+    ladder = ladder_for(CFG)
+    assert ladder[0].knobs.admit_background and not ladder[1].knobs.admit_background
+    assert ladder[1].knobs.active_limit == ladder[0].knobs.active_limit
+    k2 = ladder[2].knobs  # then threads and duty cycle, every slot still decoding
+    assert k2.active_limit == 8 and k2.n_threads * k2.duty < ladder[1].knobs.n_threads
+    assert ladder[-2].knobs.active_limit < 8  # fewer sequences last, just before pause
+    assert ladder[-1].knobs.paused and all(not lv.knobs.paused for lv in ladder[:-1])
+    loads = [lv.load for lv in ladder]
+    assert loads == sorted(loads, reverse=True)
+
+
+def test_rate_limit_one_change_per_interval() -> None:
+    later_s = CFG.down_interval_s + 0.1
+    seq = [inp(0.0, T_SET + 0.5), inp(0.5, T_SET + 2.5, slope=0.1), inp(later_s, T_SET + 2.5, slope=0.1)]
+    (d0, d1, d2), _ = run(seq)
+    assert d0.knobs != ladder_for(CFG)[0].knobs
+    assert d1.knobs == d0.knobs  # within the interval: no change despite a lower budget
+    assert d2.knobs != d1.knobs  # after it: turned down further
+
+
+def test_hysteresis_needs_clear_margin_to_step_up() -> None:
+    cfg = replace(CFG, up_interval_s=0.0, down_interval_s=0.0)
+    ladder = ladder_for(cfg)
+    level = 10
+    st = ControllerState(mode=ThermalMode.LIMITING, level=level, last_change_s=0.0, u_sus=ladder[level].load)
+    # budget exactly a hair above the next level's load (within the hysteresis band): stay
+    need = ladder[level - 1].load - ladder[level].load  # budget = u_sus - k_pu * u_sus * err
+    k = cfg.k_pu * max(cfg.gain_floor, st.u_sus)
+    err = -(need + cfg.hysteresis_load / 2) / k
+    _, st2 = decide(inp(10, T_SET + err), Q, stats(ladder[level].knobs), st, cfg)
+    assert st2.level == level
+    # comfortably above: climbs, but never more than one bounded step while near target
+    err = -(need + 2 * cfg.hysteresis_load) / k
+    _d, st3 = decide(inp(10, T_SET + err), Q, stats(ladder[level].knobs), st, cfg)
+    assert st3.level < level
+    assert ladder[st3.level].load - ladder[level].load <= 0.15 + 1e-9
+
+
+def test_integral_anti_windup_clamps_and_bleeds_off() -> None:
+    seq = [inp(float(t), T_SET + 2.0) for t in range(0, 400)]
+    _, st = run(seq)
+    assert st.integral_c_s == pytest.approx(CFG.integral_max_c_s)  # clamped, not 800
+    # integrate only above target: below it the integral decays instead of growing negative
+    cool = [inp(400.0 + t, T_SET - 2.0) for t in range(1, 121)]
+    _, st2 = run(cool, st)
+    assert 0.0 < st2.integral_c_s < CFG.integral_max_c_s * 0.2
+
+
+def test_sustainable_load_learned_near_target() -> None:
+    ladder = ladder_for(CFG)
+    level = 12
+    st = ControllerState(mode=ThermalMode.LIMITING, level=level, u_sus=1.0, last_change_s=0.0)
+    cfg = replace(CFG, up_interval_s=1e9, down_interval_s=1e9)  # freeze the level to isolate learning
+    for t in range(1, 200):
+        run_stats = stats(ladder[level].knobs, active=4)
+        _, st = decide(inp(float(t), T_SET + 0.5, slope=0.0), Q, run_stats, st, cfg)
+    # learned on the ladder's scale (what the level allows), the scale the budget maps onto
+    assert st.u_sus == pytest.approx(ladder[level].load, abs=0.03)
+    # an idle engine teaches nothing
+    st_idle = ControllerState(mode=ThermalMode.LIMITING, level=level, u_sus=1.0, last_change_s=0.0)
+    for t in range(1, 50):
+        _, st_idle = decide(inp(float(t), T_SET + 0.5), Q, stats(ladder[level].knobs, active=0), st_idle, cfg)
+    assert st_idle.u_sus == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kw", "tag"),
+    [
+        ({"kernel_throttling": True}, "guard:kernel_throttling"),
+        ({"thermal_pressure": PressureLevel.HEAVY}, "guard:os_pressure"),
+        ({}, "guard:temperature"),
+    ],
+)
+def test_hard_guards_go_straight_to_pause(kw: dict, tag: str) -> None:
+    temp = T_GUARD if tag == "guard:temperature" else T_ON - 10  # cool, except for the temperature guard
+    st = ControllerState(last_change_s=0.0)  # a change just happened: guards ignore the rate limit
+    d, _st2 = decide(inp(0.5, temp, **kw), Q, stats(ladder_for(CFG)[0].knobs), st, CFG)
+    assert d.mode is ThermalMode.GUARD and d.knobs.paused
+    assert not d.admit_interactive and not d.admit_background
+    assert tag in d.throttle_reasons
+
+
+def test_guard_holds_until_clearly_cooler_then_restarts_low() -> None:
+    (d,), st = run([inp(0, T_GUARD + 0.5)])
+    assert d.mode is ThermalMode.GUARD
+    resume = T_GUARD - CFG.guard_release_c
+    (d1,), st = run([inp(5, resume + 0.5, slope=-0.1)], st)
+    assert d1.knobs.paused and d1.cooldown_s == pytest.approx(5.0, abs=0.1)
+    (d2,), st = run([inp(10, resume - 0.5, slope=-0.1)], st)
+    assert d2.mode is ThermalMode.LIMITING and not d2.knobs.paused
+    assert st.level == len(ladder_for(CFG)) - 2  # the lowest running level, then climbs
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [
+        ControlInput(t_s=1.0, temp_c=50.0, limit_c=99.0, stale=True),
+        ControlInput(t_s=1.0, temp_c=None, limit_c=None),
+    ],
+)
+def test_stale_or_unknown_is_conservative_never_nominal(reading: ControlInput) -> None:
+    d, _ = decide(reading, Q, None, ControllerState(), CFG)
+    assert d.mode is ThermalMode.CONSERVATIVE
+    assert not d.knobs.paused and d.admit_interactive
+    assert d.budget <= CFG.conservative_load
+    assert d.knobs != ladder_for(CFG)[0].knobs and not d.knobs.admit_background
+
+
+def test_macos_pressure_only() -> None:
+    st0 = ControllerState()
+    d, _ = decide(ControlInput(t_s=0, thermal_pressure=PressureLevel.NOMINAL), Q, None, st0, CFG)
+    assert d.mode is ThermalMode.NOMINAL
+    d, _ = decide(ControlInput(t_s=0, thermal_pressure=PressureLevel.MODERATE), Q, None, st0, CFG)
+    assert d.mode is ThermalMode.LIMITING and d.budget == CFG.conservative_load
+
+
+def test_trip_point_from_device_overrides_profile() -> None:
+    temp = 80.0 - CFG.margin_c + 1.0  # over target for an 80 C trip, cool for the 99 C profile
+    st0 = ControllerState()
+    d, _ = decide(ControlInput(t_s=0, temp_c=temp, slope_c_per_s=0.0, limit_c=80.0), Q, None, st0, CFG)
+    assert d.t_lim_c == 80.0 and d.t_set_c == 80.0 - CFG.margin_c and d.mode is ThermalMode.LIMITING
+    d, _ = decide(ControlInput(t_s=0, temp_c=temp, slope_c_per_s=0.0), Q, None, st0, CFG)
+    assert d.t_lim_c == 99.0 and d.mode is ThermalMode.NOMINAL
+
+
+def test_memory_states_with_hysteresis() -> None:
+    gib = 1 << 30
+    st = ControllerState()
+    d, st = decide(inp(0, 40, mem_available_bytes=8 * gib, psi_some_avg10=12.0), Q, None, st, CFG)
+    assert d.memory is MemoryMode.TIGHT and not d.admit_interactive and not d.shed_background
+    d, st = decide(inp(1, 40, mem_available_bytes=8 * gib, psi_some_avg10=7.0), Q, None, st, CFG)
+    assert d.memory is MemoryMode.TIGHT  # still above half the threshold
+    d, st = decide(inp(2, 40, mem_available_bytes=8 * gib, psi_some_avg10=3.0), Q, None, st, CFG)
+    assert d.memory is MemoryMode.OK and d.admit_interactive
+    d, st = decide(inp(3, 40, mem_available_bytes=8 * gib, psi_full_avg10=2.5), Q, None, st, CFG)
+    assert d.memory is MemoryMode.SHED and d.shed_background and not d.knobs.admit_background
+    d, st = decide(inp(4, 40, mem_available_bytes=gib // 2), Q, None, ControllerState(), CFG)
+    assert d.memory is MemoryMode.SHED and "reserve" in d.reason
+    # thermal full speed but memory-limited: the final verdict is the minimum of the two
+    assert d.mode is ThermalMode.NOMINAL and not d.admit_interactive
+
+
+def test_keep_alive_unload_flag() -> None:
+    cfg = replace(CFG, keep_alive_s=300.0)
+    idle = QueueState(last_activity_s=100.0)
+    d, _ = decide(inp(350, 40), idle, None, ControllerState(), cfg)
+    assert not d.unload
+    d, _ = decide(inp(401, 40), idle, None, ControllerState(), cfg)
+    assert d.unload and "unload" in d.reason
+    d, _ = decide(inp(401, 40), replace(idle, running_interactive=1), None, ControllerState(), cfg)
+    assert not d.unload
+    d, _ = decide(inp(10_000, 40), idle, None, ControllerState(), CFG)  # keep_alive None: never
+    assert not d.unload
+
+
+def test_decide_is_pure_and_accepts_samples() -> None:
+    st = ControllerState()
+    r = inp(3, T_SET + 1, slope=0.2)
+    a = decide(r, Q, None, st, CFG)
+    b = decide(r, Q, None, st, CFG)
+    assert a == b and st == ControllerState()
+    sample = Sample(t_s=3.0, source="sim:x", temp_c=T_SET + 1, limit_c=99.0, kernel_throttling=True)
+    d, _ = decide(sample, Q, None, st, CFG)
+    assert d.mode is ThermalMode.GUARD  # a bare Sample is adapted field by field
+
+
+def test_interactive_first_parks_background_when_limiting() -> None:
+    mixed = QueueState(running_background=4, waiting_interactive=1)
+    only_bg = QueueState(running_background=4)
+    hot = inp(10.0, T_SET + CFG.interactive_band_c / 2)  # over target but within the interactive band
+    d_bg, _ = decide(hot, only_bg, None, ControllerState(), CFG)
+    d_mix, _ = decide(hot, mixed, None, ControllerState(), CFG)
+    assert d_bg.mode is ThermalMode.LIMITING and d_bg.knobs.active_limit == 8
+    # interactive at full speed; background fills what is left of the level's load, the rest is parked
+    k_mix = d_mix.knobs
+    assert k_mix.duty == 1.0 and k_mix.n_threads == 2 and 1 <= k_mix.active_limit < 8
+    lvl_load = ladder_for(CFG)[level_for_budget(ladder_for(CFG), d_mix.budget)].load
+    assert estimated_load(k_mix.active_limit, 2, 1.0, 8, 2) <= max(lvl_load, estimated_load(1, 2, 1.0, 8, 2))
+    assert "limiting:background_parked" in d_mix.throttle_reasons
+    # hotter than the band: interactive work gets the level's load, not a free boost
+    hotter = inp(10.0, T_SET + CFG.interactive_band_c + 0.5)
+    assert hotter.temp_c is not None and hotter.temp_c < T_GUARD
+    d_hot, _ = decide(hotter, mixed, None, ControllerState(), CFG)
+    level_load = ladder_for(CFG)[level_for_budget(ladder_for(CFG), d_hot.budget)].load
+    k = d_hot.knobs
+    assert k.active_limit < 8
+    # never more than the level allows (beyond what one interactive sequence needs at the floor duty)
+    assert estimated_load(k.active_limit, k.n_threads, k.duty, 8, 2) <= max(
+        level_load, estimated_load(1, 1, CFG.min_duty, 8, 2)) + 1e-9
+    assert estimated_load(k.active_limit, k.n_threads, k.duty, 8, 2) < estimated_load(
+        k_mix.active_limit, 2, 1.0, 8, 2)  # less than the boost inside the band

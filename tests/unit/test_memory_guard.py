@@ -1,0 +1,81 @@
+"""Memory guard: KV fit, reserve, PSI thresholds with hysteresis, shedding, keep-alive."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.errors import InsufficientMemory, KvCacheFull
+from edge.runtime.types import EngineState, EngineStats, Knobs
+from edge.scheduler.memory import check_fits, free_kv_cells, memory_mode, should_unload
+from edge.scheduler.state import ControlInput, ControllerConfig, MemoryMode, QueueState
+from edge.telemetry.sample import PressureLevel
+
+MiB = 1 << 20
+CFG = ControllerConfig(reserve_bytes=1024 * MiB, psi_some_pause_pct=10.0, psi_full_shed_pct=2.0)
+
+
+def stats(used: int, total: int = 4096) -> EngineStats:
+    return EngineStats(state=EngineState.READY, step_time_s=0.05, decode_time_s=0.05, tokens_decoded=4,
+                       tokens_prefilled=0, active=4, parked=0, waiting=0, waiting_interactive=0,
+                       kv_cells_used=used, kv_cells_total=total, n_slots=4, knobs=Knobs(4, 2))
+
+
+def mode(prev: MemoryMode = MemoryMode.OK, **kw: object) -> MemoryMode:
+    return memory_mode(ControlInput(t_s=0.0, **kw), prev, CFG)[0]  # type: ignore[arg-type]
+
+
+def test_thresholds() -> None:
+    assert mode(mem_available_bytes=4096 * MiB, psi_some_avg10=0.5, psi_full_avg10=0.0) is MemoryMode.OK
+    assert mode(psi_some_avg10=10.0) is MemoryMode.TIGHT
+    assert mode(psi_some_avg10=9.9) is MemoryMode.OK
+    assert mode(psi_full_avg10=2.0) is MemoryMode.SHED
+    assert mode(mem_available_bytes=1200 * MiB) is MemoryMode.TIGHT  # within 25 % of the reserve
+    assert mode(mem_available_bytes=1000 * MiB) is MemoryMode.SHED  # below the reserve
+    assert mode(memory_pressure=PressureLevel.HEAVY) is MemoryMode.TIGHT
+    assert mode(memory_pressure=PressureLevel.CRITICAL) is MemoryMode.SHED
+    assert mode() is MemoryMode.OK  # memory telemetry unknown: the KV check still guards admission
+
+
+def test_hysteresis_on_the_way_back() -> None:
+    assert mode(MemoryMode.SHED, psi_full_avg10=1.5) is MemoryMode.SHED  # above half of 2 %
+    assert mode(MemoryMode.SHED, psi_full_avg10=0.5, psi_some_avg10=6.0) is MemoryMode.TIGHT
+    assert mode(MemoryMode.TIGHT, psi_some_avg10=6.0) is MemoryMode.TIGHT
+    assert mode(MemoryMode.TIGHT, psi_some_avg10=4.0) is MemoryMode.OK
+    assert mode(MemoryMode.TIGHT, mem_available_bytes=1400 * MiB) is MemoryMode.TIGHT  # < 1.5 x reserve
+    assert mode(MemoryMode.TIGHT, mem_available_bytes=1600 * MiB) is MemoryMode.OK
+
+
+def test_kv_fit_counts_reservations_once() -> None:
+    st = stats(used=1000)
+    assert free_kv_cells(st, reserved_cells=600) == 4096 - 1000
+    assert free_kv_cells(st, reserved_cells=3000) == 4096 - 3000
+    check_fits(1000, 2000, st, reserved_cells=1000, mem_available_bytes=None, reserve_bytes=0)
+    with pytest.raises(KvCacheFull) as exc:
+        check_fits(1000, 2200, st, reserved_cells=1000, mem_available_bytes=None, reserve_bytes=0,
+                   retry_after_s=7.5)
+    assert exc.value.need_cells == 3200 and exc.value.free_cells == 3096 and exc.value.retry_after_s == 7.5
+
+
+def test_request_larger_than_the_cache_is_refused_for_good() -> None:
+    with pytest.raises(InsufficientMemory) as exc:
+        check_fits(4000, 200, stats(0), reserved_cells=0, mem_available_bytes=None, reserve_bytes=0)
+    assert "KV cache" in exc.value.what
+
+
+def test_system_memory_reserve_when_kv_commits_lazily() -> None:
+    per_cell = 100_000
+    check_fits(100, 100, stats(0), 0, mem_available_bytes=1100 * MiB, reserve_bytes=1024 * MiB,
+               kv_bytes_per_cell=per_cell)  # 200 cells = 19 MiB: still above the reserve
+    with pytest.raises(InsufficientMemory) as exc:
+        check_fits(500, 500, stats(0), 0, mem_available_bytes=1100 * MiB, reserve_bytes=1024 * MiB,
+                   kv_bytes_per_cell=per_cell)  # 95 MiB would dip below it
+    assert exc.value.available_bytes == 1100 * MiB
+
+
+def test_keep_alive() -> None:
+    q = QueueState(last_activity_s=10.0)
+    assert not should_unload(q, 100.0, None)
+    assert not should_unload(q, 69.9, 60.0)
+    assert should_unload(q, 70.0, 60.0)
+    assert not should_unload(QueueState(waiting_background=1, last_activity_s=10.0), 1000.0, 60.0)
+    assert not should_unload(QueueState(), 1000.0, 60.0)  # never used yet: nothing to unload

@@ -1,0 +1,94 @@
+"""The `edge sim` harness: measured throughput, determinism, and the targets on a shortened run set."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from edge.commands import sim as sim_cmd
+from edge.sim.harness import SCENARIOS, run_scenario, sweep
+from edge.sim.metrics import weighted_percentile
+from edge.sim.throughput import ThroughputModel, load_throughput
+
+PROFILE = "jetson-orin-nano"
+SHORT_S = 600.0  # 10 simulated minutes keep the suite fast; `edge sim` runs 30
+
+
+@pytest.fixture(scope="module")
+def tp() -> ThroughputModel:
+    return load_throughput()  # the measured file in configs/throughput
+
+
+def test_calibration_file_is_measured_and_sane(tp: ThroughputModel) -> None:
+    assert tp.max_threads >= 1 and tp.max_sequences == 8
+    one, eight = tp.decode_tokens_per_s(1, tp.max_threads), tp.decode_tokens_per_s(8, tp.max_threads)
+    assert 5.0 < one < 5000.0 and eight > one  # batching pays off
+    assert tp.prefill_tokens_per_s(tp.max_threads) > one  # prompts evaluate faster than decode
+
+
+def test_throughput_interpolation_and_utilisation() -> None:
+    m = ThroughputModel({(1, 1): 10.0, (1, 4): 16.0, (2, 1): 18.0, (2, 4): 30.0}, {1: 100.0, 2: 180.0})
+    assert m.decode_tokens_per_s(2, 2) == pytest.approx(22.0)
+    assert m.decode_tokens_per_s(8, 2) == 30.0  # no extrapolation beyond the measured batch
+    assert m.decode_tokens_per_s(0, 2) == 0.0
+    loads = [(1, 1, 0.5), (1, 1, 1.0), (1, 2, 1.0), (4, 2, 1.0)]
+    utils = [m.utilisation(*ld) for ld in loads]
+    assert utils == sorted(utils) and utils[-1] == pytest.approx(1.0)
+
+
+def test_weighted_percentile() -> None:
+    assert weighted_percentile([], 0.5) is None
+    assert weighted_percentile([(1.0, 98), (10.0, 2)], 0.5) == 1.0
+    assert weighted_percentile([(1.0, 98), (10.0, 2)], 0.99) == 10.0
+
+
+def test_runs_are_deterministic(tp: ThroughputModel) -> None:
+    a = run_scenario("burst-hot", "edge", PROFILE, tp, duration_s=300.0, seed=3)
+    b = run_scenario("burst-hot", "edge", PROFILE, tp, duration_s=300.0, seed=3)
+    c = run_scenario("burst-hot", "edge", PROFILE, tp, duration_s=300.0, seed=4)
+    assert a.as_dict() == b.as_dict()
+    assert a.tokens > 0 and c.as_dict() != a.as_dict()
+
+
+@pytest.mark.parametrize("scenario", ["chat-hot", "background", "fan-failure", "memory-hog"])
+def test_edge_meets_thermal_and_memory_targets(tp: ThroughputModel, scenario: str) -> None:
+    policies = ("none", "threshold", "edge")
+    res = {p: run_scenario(scenario, p, PROFILE, tp, duration_s=SHORT_S) for p in policies}
+    edge = res["edge"]
+    assert edge.seconds_above_limit_minus_3 == 0 and edge.seconds_hw_throttled == 0
+    assert edge.oom_events == 0 and edge.lost_without_error == 0
+    if scenario == "memory-hog":
+        # its targets are safety ones: unmanaged runs meet the OOM killer and lose requests silently,
+        # edge refuses (with errors and Retry-After) while the hog holds the memory
+        assert res["none"].oom_events > 0 and res["none"].lost_without_error > 0
+        assert edge.rejected_with_error > 0 and edge.shed_with_error > 0
+    else:
+        assert edge.tokens > res["threshold"].tokens
+    if scenario in ("chat-hot", "fan-failure"):  # hot scenarios have teeth: unmanaged runs throttle
+        assert res["none"].seconds_hw_throttled > 0
+    if scenario == "background":
+        unloaded = edge.extra["unloaded_interactive_p99_ttft_s"]
+        assert edge.interactive_p99_ttft_s is not None and unloaded is not None
+        assert edge.interactive_p99_ttft_s <= 1.5 * unloaded
+
+
+def test_edge_close_to_best_never_throttling_constant(tp: ThroughputModel) -> None:
+    knobs, best = sweep("chat-hot", PROFILE, tp, duration_s=SHORT_S)
+    assert knobs is not None and best is not None and best.seconds_hw_throttled == 0
+    edge = run_scenario("chat-hot", "edge", PROFILE, tp, duration_s=SHORT_S)
+    assert edge.tokens >= 0.9 * best.tokens
+
+
+def test_edge_sim_json_output(tp: ThroughputModel, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    sim_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["sim", "--json", "--duration-s", "120", "--scenario", "chat-hot",
+                              "--policy", "none", "--policy", "edge"])
+    assert args.func(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["scenario"], r["policy"]) for r in rows] == [("chat-hot", "none"), ("chat-hot", "edge")]
+    for key in sim_cmd.JSON_KEYS:
+        assert key in rows[0]
+    assert set(SCENARIOS) >= {"chat", "chat-hot", "burst-hot", "background", "fan-failure", "memory-hog"}
