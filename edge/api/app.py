@@ -96,8 +96,10 @@ def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(EdgeError)
     async def edge_error(request: Request, exc: EdgeError) -> JSONResponse:
         status, body, headers = to_http(exc)
-        if status >= 500:
+        if status == 500:  # a backend failure; 503s (loading, busy, hot) are expected states
             log.error("internal error on %s: %r", request.url.path, exc)
+        elif status >= 500:
+            log.info("%s on %s: %s", status, request.url.path, exc)
         return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
