@@ -12,7 +12,13 @@ chat_template) import nothing from llama_cpp, so `edge.runtime.types` stays chea
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# OpenMP reads its wait policy once, when llama_cpp loads its native libraries; every
+# submodule that imports llama_cpp runs this package's __init__ first, so this is the one
+# place that is always early enough. Why passive: see OMP_POLICY_WHY in edge/runtime/model.py.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from edge.runtime.types import (
     EngineState,

@@ -33,16 +33,18 @@ from edge.runtime.chat_template import ChatTemplate, load_template
 from edge.runtime.facade import EngineConveniences
 from edge.runtime.handle import RequestHandle
 from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
+from edge.runtime.residency import Residency
 from edge.runtime.sampling import GrammarFirstLast, build_sampler, free_chain, validate_sampling
 from edge.runtime.sequence import Sequence, StepPerf, empty_stats
 from edge.runtime.slots import Slot, admission_key
 from edge.runtime.steploop import StepLoop
 from edge.runtime.types import EngineState, EngineStats, GenerationRequest, Knobs, Priority
 
+_ACCEPTING = (EngineState.READY, EngineState.PAUSED, EngineState.UNLOADED, EngineState.LOADING)
 SampleHook = Callable[[GenerationRequest, int], int]  # (request, token) -> token; tests inject faults
 
 
-class Engine(EngineConveniences, StepLoop):
+class Engine(EngineConveniences, Residency, StepLoop):
     """Continuous-batching engine over llama.cpp; implements `EngineLike`.
 
     `settings`, when given, supplies slots, n_batch and kv_type, and n_ctx / n_threads where
@@ -50,6 +52,10 @@ class Engine(EngineConveniences, StepLoop):
     always go in; prompt chunks fill the rest), bounding how long a long prompt can stall
     running streams. `clock` paces the duty cycle and stamps stats; `sample_hook` lets tests
     inject faults after sampling. The model loads in `start()` (or `load()`), not here.
+    `keep_alive_s` (default from settings; None: never) unloads the weights after that much
+    idle time on `clock`; the next request reloads them (see `Residency`). `idle_poll_s` is
+    how often (real time) an idle engine thread looks at that timer. `warmup` decodes one
+    token at load so the first request does not pay one-time costs.
     """
 
     def __init__(
@@ -67,8 +73,12 @@ class Engine(EngineConveniences, StepLoop):
         chat_template: str | None = None,
         clock: Clock | None = None,
         sample_hook: SampleHook | None = None,
+        keep_alive_s: float | None = None,
+        idle_poll_s: float = 1.0,
+        warmup: bool = True,
     ) -> None:
         if settings is not None:
+            keep_alive_s = keep_alive_s if keep_alive_s is not None else settings.keep_alive_s
             n_ctx = n_ctx if n_ctx is not None else settings.n_ctx
             n_slots, n_batch, kv_type = settings.slots, settings.n_batch, settings.kv_type
             n_threads = n_threads if n_threads is not None else settings.threads
@@ -112,15 +122,32 @@ class Engine(EngineConveniences, StepLoop):
         self._decode_s = 0.0
         self._totals = [0, 0, 0]  # decoded, prefilled, steps
         self.perf = StepPerf()
+        # residency (keep-alive unload / reload; see edge/runtime/residency.py)
+        self._keep_alive_s = keep_alive_s
+        self._idle_poll_s = max(0.001, idle_poll_s)
+        self._warmup = warmup
+        self._model_lock = threading.Lock()  # model swaps vs tokenization on other threads
+        self._vocab: LlamaModel | None = None  # vocab-only model, kept once made (samplers use it)
+        self._unload_waiters: list[Any] = []
+        self._last_active_s = self._clock.monotonic()
 
     # --- lifecycle ---------------------------------------------------------
 
     def load(self) -> None:
-        """Load weights and create the context (idempotent). Raises ModelLoadError."""
-        if self.model is not None:
+        """Load weights and create the context before `start()` (idempotent). Raises
+        ModelLoadError. Reloads after an unload happen on the engine thread (`Residency`)."""
+        if self._ctx is not None:
             return
         try:
-            model = LlamaModel(self.model_path, n_gpu_layers=self._n_gpu_layers)
+            model, ctx = self._open()
+        except BaseException:
+            self._state = EngineState.FAILED
+            raise
+        self._install(model, ctx)
+
+    def _open(self) -> tuple[LlamaModel, LlamaContext]:
+        model = LlamaModel(self.model_path, n_gpu_layers=self._n_gpu_layers)
+        try:
             n_ctx = min(self._n_ctx_req, model.n_ctx_train) if model.n_ctx_train > 0 else self._n_ctx_req
             cfg = ContextConfig(
                 n_ctx=n_ctx,
@@ -130,22 +157,32 @@ class Engine(EngineConveniences, StepLoop):
                 n_threads=self._knobs.n_threads,
                 kv_type=self._kv_type,
             )
+            ctx = LlamaContext(model, cfg)
+        except BaseException:
+            model.close()
+            raise
+        if self._warmup:
             try:
-                ctx = LlamaContext(model, cfg)
+                ctx.warm_up(model)
             except BaseException:
+                ctx.close()
                 model.close()
                 raise
-        except BaseException:
-            self._state = EngineState.FAILED
-            raise
-        self.model, self._ctx = model, ctx
+        return model, ctx
+
+    def _install(self, model: LlamaModel, ctx: LlamaContext) -> None:
+        """Make a freshly opened model and context current (the vocab-only model stays alive:
+        samplers built while unloaded point at its vocabulary)."""
+        with self._model_lock:
+            self.model, self._ctx = model, ctx
         self.n_ctx = ctx.n_ctx_seq
         self._n_batch = ctx.n_batch
-        self._template = load_template(
-            self._template_override or model.chat_template(),
-            model.token_text(model.bos_id),
-            model.token_text(model.eos_id),
-        )
+        if self._template is None:
+            self._template = load_template(
+                self._template_override or model.chat_template(),
+                model.token_text(model.bos_id),
+                model.token_text(model.eos_id),
+            )
         self._batch = Batch(self._n_batch)
         self._publish_stats(0.0, 0.0, 0, 0)
 
@@ -197,9 +234,10 @@ class Engine(EngineConveniences, StepLoop):
             self._batch.free()
             self._ctx.close()
             self._ctx = None
-        if self.model is not None:
-            self.model.close()
-            self.model = None
+        with self._model_lock:
+            for m in {id(x): x for x in (self.model, self._vocab) if x is not None}.values():
+                m.close()
+            self.model = self._vocab = None
 
     @property
     def state(self) -> EngineState:
@@ -208,10 +246,13 @@ class Engine(EngineConveniences, StepLoop):
     # --- requests ----------------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self._need_model().tokenize(text, add_bos=add_bos)
+        """Works while unloaded too (the vocabulary-only model answers)."""
+        with self._model_lock:
+            return self._need_model().tokenize(text, add_bos=add_bos)
 
     def detokenize(self, tokens: list[int]) -> str:
-        return self._need_model().detokenize(tokens)
+        with self._model_lock:
+            return self._need_model().detokenize(tokens)
 
     @property
     def has_chat_template(self) -> bool:
@@ -230,9 +271,15 @@ class Engine(EngineConveniences, StepLoop):
         return text
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        """Queue a request; raises InvalidRequest, ContextOverflow or EngineStopped, never later."""
+        """Queue a request; raises InvalidRequest, ContextOverflow or EngineStopped, never later.
+        While UNLOADED the request is accepted and waits for the reload (ModelLoadError in its
+        final event if that fails)."""
+        with self._model_lock:  # an unload cannot free the model (or its vocab) under us
+            return self._submit(request)
+
+    def _submit(self, request: GenerationRequest) -> RequestHandle:
         model = self._need_model()
-        if self._state not in (EngineState.READY, EngineState.PAUSED):
+        if self._state not in _ACCEPTING:
             raise EngineStopped(f"engine is {self._state.value}")
         if isinstance(request.prompt, str):
             prompt = model.tokenize(request.prompt, add_bos=request.add_bos)
@@ -261,7 +308,7 @@ class Engine(EngineConveniences, StepLoop):
             self._clock.monotonic(),
         )
         with self._cond:
-            if self._state not in (EngineState.READY, EngineState.PAUSED):
+            if self._state not in _ACCEPTING:
                 if isinstance(chain, GrammarFirstLast):
                     chain.free()
                 else:

@@ -87,6 +87,7 @@ class EngineConveniences:
         kw.setdefault("n_slots", settings.slots)
         kw.setdefault("n_batch", settings.n_batch)
         kw.setdefault("n_threads", settings.threads)
+        kw.setdefault("keep_alive_s", settings.keep_alive_s)
         engine = cls(path, **kw)
         engine.plan = plan  # type: ignore[attr-defined]  # shown by /v1/status
         return engine  # type: ignore[return-value]

@@ -19,7 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
+# OMP_POLICY_WHY: llama.cpp's CPU backend is built with OpenMP here, and by default its worker
+# threads spin at the barrier between ops. On a 2-core box with one other busy process (even a
+# niced one), 2 threads then decoded SmolLM2-135M at 0.4-2.8 tok/s (steps of 0.2-4.6 s) instead
+# of ~25; with OMP_WAIT_POLICY=passive the same case gave 18-26 tok/s, while on a quiet box
+# passive cost 0-20% at 2 threads and nothing at 1 (figures in the engine follow-up report).
+# A runtime for small shared boxes takes the robust choice. It only works if set before
+# llama_cpp loads, so edge/runtime/__init__.py sets it (setdefault: a user's value wins); the
+# line below repeats it for code that loads this file by path.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import llama_cpp  # after the OpenMP policy above
 
 from edge.errors import ModelLoadError
 
@@ -78,16 +88,37 @@ class ContextConfig:
     n_outputs_max: int | None = None  # None: n_seq_max
 
 
+def load_mode_for(use_mmap: bool | None) -> int:
+    """The llama_load_mode for a use_mmap choice (None: llama.cpp's AUTO)."""
+    if use_mmap is None:
+        return int(llama_cpp.LLAMA_LOAD_MODE_AUTO)
+    return int(llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE)
+
+
 class LlamaModel:
     """Weights + vocabulary. Thread-safe for tokenization and piece lookup."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, use_mmap: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_gpu_layers: int = 0,
+        use_mmap: bool | None = None,
+        vocab_only: bool = False,
+    ) -> None:
+        """`use_mmap`: None lets llama.cpp choose (LLAMA_LOAD_MODE_AUTO), True maps the file
+        (pages shared with the page cache, loaded lazily), False reads it into private memory.
+        llama.cpp >= 0.3.36 replaced the `use_mmap` flag by `load_mode`. `vocab_only` loads just
+        the vocabulary and metadata (a few MiB): tokenization while the weights are unloaded."""
         ensure_backend()
         self.path = str(path)
+        self.vocab_only = vocab_only
         if not os.path.isfile(self.path):
             raise ModelLoadError(self.path, "no such file")
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.load_mode = load_mode_for(use_mmap)
+        params.vocab_only = vocab_only
         ptr = llama_cpp.llama_model_load_from_file(self.path.encode(), params)
         if not ptr:
             raise ModelLoadError(self.path, "llama.cpp could not load the file (run with -v for its log)")
@@ -220,6 +251,28 @@ class LlamaContext:
         self.n_batch: int = llama_cpp.llama_n_batch(ptr)
         self.n_seq_max: int = llama_cpp.llama_n_seq_max(ptr)
         self._closed = False
+
+    def warm_up(self, model: LlamaModel) -> None:
+        """Decode BOS+EOS once and forget it, as llama.cpp's common init and server do: the
+        first real request then does not pay for first-touch page faults of the weights, the
+        OpenMP thread pool start and one-time backend allocations."""
+        toks = [t for t in (model.bos_id, model.eos_id) if 0 <= t < model.n_vocab] or [0]
+        batch = llama_cpp.llama_batch_init(len(toks), 0, 1)
+        try:
+            for i, t in enumerate(toks):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, i, 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1 if i == len(toks) - 1 else 0
+            batch.n_tokens = len(toks)
+            llama_cpp.llama_set_warmup(self.ptr, True)
+            rc = llama_cpp.llama_decode(self.ptr, batch)
+            if rc != 0:
+                log.warning("warm-up decode returned %d", rc)
+        finally:
+            llama_cpp.llama_set_warmup(self.ptr, False)
+            llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_synchronize(self.ptr)
+        self.clear()
 
     def set_threads(self, n_threads: int) -> None:
         llama_cpp.llama_set_n_threads(self.ptr, n_threads, n_threads)

@@ -181,4 +181,3 @@ def json_schema_to_grammar(schema: dict[str, Any] | str | None) -> str:
         return json_schema_to_gbnf(text)
     except Exception as exc:  # the converter raises plain Exceptions on unsupported schemas
         raise InvalidRequest(f"unsupported JSON schema: {exc}", param="response_format") from exc
-

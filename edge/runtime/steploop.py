@@ -13,7 +13,7 @@ import heapq
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
@@ -76,21 +76,50 @@ class StepLoop:
     _totals: list[int]
     _stats: EngineStats | None
     perf: StepPerf
+    _unload_waiters: list[Any]
+    _last_active_s: float
+
+    if TYPE_CHECKING:  # from Residency
+
+        def _keep_alive_due(self) -> bool: ...
+
+        def _idle_wait_s(self) -> float | None: ...
+
+        def _idle(self) -> bool: ...
+
+        def _reload(self) -> bool: ...
+
+        def _settle_unloads(self, waiters: list[Any]) -> None: ...
 
     def _run(self) -> None:
         threads_now = self._knobs.n_threads
         while True:
             with self._cond:
-                while not self._dirty and not self._runnable:
-                    self._cond.wait()
+                while not self._dirty and not self._runnable and not self._keep_alive_due():
+                    self._cond.wait(self._idle_wait_s())
                 self._dirty = False
                 if self._stopping:
                     return
                 inbox, self._inbox = self._inbox, []
                 knobs = self._knobs
                 cancels, self._cancel_seen = self._cancel_seen, False
+                unload_waiters, self._unload_waiters = self._unload_waiters, []
+            busy = bool(inbox or self._waiting or self._running)
+            t_step_s = self._clock.monotonic()  # not after the step: a caller may move a test clock
             try:
-                threads_now = self._iteration(inbox, knobs, cancels, threads_now)
+                if self._ctx is None and busy:  # unloaded: this work waits for the reload
+                    for seq in inbox:
+                        heapq.heappush(self._waiting, (seq.key, id(seq), seq))
+                    inbox = []
+                    if not self._reload():
+                        self._settle_unloads(unload_waiters)
+                        continue
+                    threads_now = knobs.n_threads  # the new context was made with them
+                if self._ctx is not None:
+                    threads_now = self._iteration(inbox, knobs, cancels, threads_now)
+                if busy or not self._idle():
+                    self._last_active_s = max(self._last_active_s, t_step_s)
+                self._settle_unloads(unload_waiters)
             except Exception as exc:  # a bug: fail what was running, keep serving the rest
                 log.exception("engine step failed")
                 self._fail_all(DecodeFailed(-100, f"internal error: {exc}"), running_only=True)
@@ -314,6 +343,7 @@ class StepLoop:
     ) -> None:
         """Every exit path: final event, sampler freed, slot idle (its KV kept as a prompt cache
         after a normal finish, removed after cancel or error)."""
+        self._last_active_s = self._clock.monotonic()  # before the caller can see the end
         try:
             seq.finish(reason, error)
         finally:

@@ -30,7 +30,11 @@ class EngineState(str, Enum):
     """Lifecycle of the engine; reported by /ready and /v1/status.
 
     LOADING -> READY <-> PAUSED; READY/PAUSED -> DRAINING -> STOPPED;
-    any -> FAILED when the model cannot be loaded.
+    any -> FAILED when the model cannot be loaded at start.
+    READY/PAUSED -> UNLOADED when idle (keep-alive or `unload()`): weights and context are
+    freed, only the vocabulary stays (tokenize and render_chat keep working); the next
+    request reloads (LOADING, the request waits) -> READY. A failed reload fails the waiting
+    requests with ModelLoadError and returns to UNLOADED, so a later request retries.
     """
 
     LOADING = "loading"
@@ -39,6 +43,7 @@ class EngineState(str, Enum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
+    UNLOADED = "unloaded"
 
 
 @dataclass(frozen=True)
