@@ -66,6 +66,8 @@ class ApiState:
             except Exception:
                 return False, "engine stats unavailable"
             return True, "ready"
+        if state is EngineState.UNLOADED:
+            return True, "model unloaded after idle keep-alive; reloads on the next request"
         if state is EngineState.LOADING:
             return False, "loading model"
         if state is EngineState.PAUSED:

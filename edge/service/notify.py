@@ -21,7 +21,15 @@ from edge.runtime.types import EngineLike, EngineState, EngineStats
 log = logging.getLogger(__name__)
 
 # LOADING counts as healthy: a big model may load for longer than WatchdogSec.
-HEALTHY_STATES = frozenset({EngineState.LOADING, EngineState.READY, EngineState.PAUSED, EngineState.DRAINING})
+HEALTHY_STATES = frozenset(
+    {
+        EngineState.LOADING,
+        EngineState.READY,
+        EngineState.PAUSED,
+        EngineState.DRAINING,
+        EngineState.UNLOADED,  # keep-alive unload is a deliberate, healthy idle state
+    }
+)
 
 
 class Notifier:
@@ -94,6 +102,8 @@ def engine_healthy(stats: EngineStats, now_s: float, stall_s: float) -> tuple[bo
         return False, f"engine {stats.state.value}"
     if stats.state is EngineState.PAUSED or stats.knobs.paused:
         return True, "paused"
+    if stats.state in (EngineState.LOADING, EngineState.UNLOADED):
+        return True, stats.state.value  # a keep-alive reload may take long; requests wait for it
     busy = stats.active + stats.parked + stats.waiting > 0
     if not busy:
         return True, "idle"

@@ -39,6 +39,9 @@ def test_health_is_always_200_and_ready_follows_state() -> None:
     engine.apply(Knobs(active_limit=2, n_threads=1))
     engine.set_state(EngineState.PAUSED)
     assert client.get("/ready").status_code == 503
+    engine.set_state(EngineState.UNLOADED)  # keep-alive unload: requests are accepted and reload it
+    r = client.get("/ready")
+    assert r.status_code == 200 and "unloaded" in r.json()["reason"]
     engine.set_state(EngineState.READY)
     app.state.edge.begin_drain()
     r = client.get("/ready")

@@ -74,6 +74,9 @@ def test_engine_health_rules() -> None:
     assert not engine_healthy(replace(idle, state=EngineState.FAILED), 0.0, 10)[0]
     assert engine_healthy(replace(idle, state=EngineState.LOADING), 0.0, 10)[0]
     assert not engine_healthy(replace(idle, state=EngineState.STOPPED), 0.0, 10)[0]
+    # keep-alive: unloaded, or reloading with requests waiting, is not a hung engine
+    assert engine_healthy(replace(busy, state=EngineState.UNLOADED), 1000.0, 10)[0]
+    assert engine_healthy(replace(busy, state=EngineState.LOADING), 1000.0, 10)[0]
 
 
 class Recorder(Notifier):
