@@ -11,6 +11,13 @@ current completion rate or the controller's cooldown estimate, never a constant.
 Tickets move WAITING -> RUNNING -> DONE (or SHED): the engine's scheduler marks
 them running via `Ticket.start()`; shedding ends background tickets with a
 RequestShed error handed to the callback the API bound, so nothing is lost silently.
+
+Background work follows the engine knob exactly: while the decision says
+`admit_background=False` the engine starts no new background sequence, so a new
+background request is refused at once with DevicePaused and a Retry-After (a
+batch client retries), never queued to wait for a knob that may stay off for
+minutes. Background requests admitted just before admission closed wait at most
+`background_max_wait_s` of closure; then they are shed with RequestShed.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class Ticket:
         self.ticket_id = ticket_id
         self.priority = priority
         self.need_cells = need_cells
+        self.admitted_s = owner.clock.monotonic()
         self.state = TicketState.WAITING
         self.error: EdgeError | None = None
         self._on_shed: Callable[[EdgeError], None] | None = None
@@ -78,6 +86,8 @@ class Admission:
         reserve_bytes: int = 0,
         kv_bytes_per_cell: int = 0,
         background_share: float = 0.5,
+        background_max_wait_s: float = 60.0,
+        wall_s_per_decision_s: float = 1.0,
     ) -> None:
         self.max_queue = max_queue
         self.stats_provider = stats_provider or (lambda: None)
@@ -85,6 +95,10 @@ class Admission:
         self.reserve_bytes = reserve_bytes
         self.kv_bytes_per_cell = kv_bytes_per_cell
         self.background_share = background_share
+        self.background_max_wait_s = background_max_wait_s
+        self._bg_closed_since_s: float | None = None
+        # decisions' durations are in scheduler-clock seconds (device seconds under sim:PROFILE@SCALE)
+        self.wall_s_per_decision_s = wall_s_per_decision_s
         self.decision: Decision | None = None
         self.mem_available_bytes: int | None = None
         self._lock = threading.Lock()
@@ -101,18 +115,34 @@ class Admission:
         with self._lock:
             self.decision = decision
             self.mem_available_bytes = mem_available_bytes
+            now = self.clock.monotonic()
             victims: list[Ticket] = []
+            retry = self._memory_retry_s()
+            err_reason = decision.reason
+            if decision.admit_background:
+                self._bg_closed_since_s = None
+            elif self._bg_closed_since_s is None:
+                self._bg_closed_since_s = now
             if decision.shed_background:
                 victims = [t for t in self._tickets.values() if t.priority is Priority.BACKGROUND]
-                for t in victims:
-                    t.state = TicketState.SHED
-                    del self._tickets[t.ticket_id]
-                self.shed_count += len(victims)
+            elif self._bg_closed_since_s is not None:
+                # admitted before admission closed, still not started: bounded wait, then a clear error
+                closed_s = now - self._bg_closed_since_s
+                victims = [t for t in self._tickets.values()
+                           if t.priority is Priority.BACKGROUND and t.state is TicketState.WAITING
+                           and min(closed_s, now - t.admitted_s) >= self.background_max_wait_s]
                 if victims:
-                    self._last_activity_s = self.clock.monotonic()
-        err_reason = decision.reason
+                    err_reason = (f"background admission closed for {closed_s:.0f} s and this request "
+                                  f"has not started: {decision.reason}")
+                    retry = _clamp(decision.background_retry_s * self.wall_s_per_decision_s)
+            for t in victims:
+                t.state = TicketState.SHED
+                del self._tickets[t.ticket_id]
+            self.shed_count += len(victims)
+            if victims:
+                self._last_activity_s = now
         for t in victims:
-            t._shed(RequestShed(reason=err_reason, retry_after_s=self._memory_retry_s()))
+            t._shed(RequestShed(reason=err_reason, retry_after_s=retry))
         return victims
 
     # --- the API's side ---------------------------------------------------
@@ -131,13 +161,17 @@ class Admission:
         self, priority: Priority, prompt_tokens: int, max_tokens: int, stats: EngineStats | None
     ) -> Ticket:
         d = self.decision
+        wall = self.wall_s_per_decision_s
         if d is not None:
             if not d.admit_interactive and d.memory is MemoryMode.OK:
-                raise DevicePaused(reason=d.reason, retry_after_s=_clamp(d.cooldown_s))
+                raise DevicePaused(reason=d.reason, retry_after_s=_clamp(d.cooldown_s * wall))
             if d.memory is not MemoryMode.OK:
                 if priority is Priority.BACKGROUND and d.memory is MemoryMode.SHED:
                     raise RequestShed(reason=d.reason, retry_after_s=self._memory_retry_s())
                 raise DevicePaused(reason=d.reason, retry_after_s=self._memory_retry_s())
+            if priority is Priority.BACKGROUND and not d.admit_background:
+                raise DevicePaused(reason=f"background work is not admitted now ({d.reason})",
+                                   retry_after_s=_clamp(d.background_retry_s * wall))
         waiting = self._count(TicketState.WAITING)
         bound = self.max_queue
         if priority is Priority.BACKGROUND:

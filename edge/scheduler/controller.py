@@ -13,6 +13,26 @@ Android's thermal headroom forecast):
 The budget picks a level on the actuator ladder (policy.py) with hysteresis and
 a rate limit; hard guards skip all that and pause. Final allowed work is the
 minimum of the thermal, OS and memory verdicts.
+
+Missing versus failing sensors. Telemetry that exists but is stale or failing
+gives CONSERVATIVE (reduced load, never nominal): the device may be hot and we
+cannot tell. A machine that exposes no thermal sensor and no OS thermal signal
+at all (many x86 boxes, VMs and containers; `--telemetry none`) is a static fact
+known from the first reading, not a failure: there the mode is UNAVAILABLE. It
+runs at full speed, as any runtime without thermal control would, because
+throttling forever on a signal that will never come only costs the user
+throughput; the memory guard and the kernel-throttle guard still act, and the
+mode is shown as "unavailable" (never "nominal") in /v1/status and /metrics and
+logged once with what to do (`--telemetry sim:PROFILE` to try the controller,
+or run where sensors are exposed).
+
+Background admission. Background requests are refused at once (DevicePaused,
+Retry-After from `background_retry_s`) whenever `admit_background` is off, and
+the engine never starts them then, so none can wait forever. It is off while
+interactive work shares a limited device (interactive first), under a heat stop,
+and under memory pressure. With no interactive work at all, background work is
+the workload: it is admitted at whatever level the thermal budget allows rather
+than starved, because parking it would only idle the device.
 """
 
 from __future__ import annotations
@@ -81,6 +101,12 @@ def _cooldown_s(inp: ControlInput, resume_c: float) -> float:
     return DEFAULT_COOLDOWN_S
 
 
+def _pi_budget(err_c: float, u_sus: float, integral_c_s: float, cfg: ControllerConfig) -> float:
+    """u = u_sus - k * err - k_i * I; power_allocator scales its gains by the sustainable power (floored)."""
+    k = (cfg.k_pu if err_c < 0 else cfg.k_po) * max(cfg.gain_floor, u_sus)
+    return min(1.0, max(0.0, u_sus - k * err_c - cfg.k_i_per_c_s * integral_c_s))
+
+
 def decide(
     reading: ControlInput | Any,
     queue: QueueState,
@@ -115,6 +141,12 @@ def decide(
     elif state.mode is ThermalMode.GUARD and temp_known and inp.temp_c >= resume_c:  # type: ignore[operator]
         level, reason, budget = paused_idx, f"cooling: {inp.temp_c:.1f} C, resume below {resume_c:.1f} C", 0.0
         tags.append("guard:cooling")
+    elif (inp.thermal_sensor_absent and not inp.stale and inp.temp_c is None
+          and inp.thermal_pressure is None):
+        # no sensor exists: thermal control is off (not "nominal"), memory guard still on
+        mode, level, budget = ThermalMode.UNAVAILABLE, 0, 1.0
+        reason = ("thermal control unavailable: no thermal sensor or OS thermal signal on this "
+                  "machine; running unthrottled, memory guard only")
     elif not temp_known and (inp.stale or inp.thermal_pressure is None):
         # unknown or stale: never nominal, never paused on that alone
         why = "telemetry stale" if inp.stale else "no temperature or OS pressure available"
@@ -149,24 +181,30 @@ def decide(
         if (abs(temp - t_set) <= cfg.u_sus_band_c and abs(slope) <= cfg.u_sus_slope_c_per_s
                 and allowed > 0 and _applied_load(stats, cfg) > 0 and dt > 0):
             u_sus += cfg.u_sus_rate * (allowed - u_sus) * min(1.0, dt)
-        if temp < t_on and forecast < t_set:
-            budget, integral = 1.0, 0.0
+        cool = temp < t_on and forecast < t_set
+        if cool:
+            budget = budget_up = 1.0
+            integral = 0.0
         else:
-            # power_allocator scales its gains by the sustainable power; so do we (floored)
-            k = (cfg.k_pu if err < 0 else cfg.k_po) * max(cfg.gain_floor, u_sus)
-            budget = min(1.0, max(0.0, u_sus - k * err - cfg.k_i_per_c_s * integral))
+            budget = _pi_budget(err, u_sus, integral, cfg)
+            # stepping up: a falling temperature is the work of the current, lower load, so the
+            # step-up budget takes no credit for it (else it jumps to full and bounces off the guard)
+            budget_up = min(budget, _pi_budget(max(temp, forecast) - t_set, u_sus, integral, cfg))
         target = level_for_budget(ladder, budget)
+        target_up = level_for_budget(ladder, budget_up)
         if state.mode is ThermalMode.GUARD:
             level = lowest_run_idx  # leaving a guard: restart from the bottom and climb
         elif target > level and since_change >= cfg.down_interval_s:
             level = target
-        elif target < level and since_change >= cfg.up_interval_s:
+        elif target_up < level and since_change >= cfg.up_interval_s:
             cur_load = ladder[level].load if level != paused_idx else 0.0
-            if forecast < t_set - cfg.climb_band_c:
-                level = target  # clearly below target: no reason to crawl back
+            if cool:
+                level = target_up  # below T_on: no cap at all, no reason to crawl back
             else:
-                up = level_for_budget(ladder, min(budget - cfg.hysteresis_load, cur_load + MAX_UP_LOAD_STEP))
-                level = min(level, max(target, up))
+                # within T_on..T_set climb in bounded steps: a jump to full load heats the die by
+                # R_die * dP within seconds, before any forecast can see it
+                step = min(budget_up - cfg.hysteresis_load, cur_load + MAX_UP_LOAD_STEP)
+                level = min(level, max(target_up, level_for_budget(ladder, step)))
         if level == 0:
             mode, reason = ThermalMode.NOMINAL, f"{temp:.1f} C, forecast {forecast:.1f} C: full speed"
         elif level == paused_idx:
@@ -193,6 +231,9 @@ def decide(
                                   headroom)
         reason = f"{reason}; interactive first, background parked"
         tags.append("limiting:background_parked")
+    if mode in (ThermalMode.LIMITING, ThermalMode.CONSERVATIVE) and n_interactive == 0 \
+            and not knobs.admit_background:
+        knobs = replace(knobs, admit_background=True)  # background alone is the workload
     if mem is not MemoryMode.OK and knobs.admit_background:
         knobs = replace(knobs, admit_background=False)
     heat_stop = mode in (ThermalMode.GUARD, ThermalMode.PAUSED)
@@ -201,6 +242,12 @@ def decide(
     if unload:
         reason = f"{reason}; idle for {cfg.keep_alive_s:g} s: unload"
     cooldown = _cooldown_s(inp, resume_c if mode is ThermalMode.GUARD else t_set) if heat_stop else 0.0
+
+    admit_background = admit_interactive and knobs.admit_background
+    bg_retry = 0.0
+    if not admit_background:
+        cool_s = _cooldown_s(inp, t_set - cfg.climb_band_c) if temp_known else DEFAULT_COOLDOWN_S
+        bg_retry = cooldown if heat_stop else max(cfg.up_interval_s, cool_s)
 
     changed = level != state.level
     new_state = ControllerState(
@@ -219,7 +266,7 @@ def decide(
         mode=mode,
         memory=mem,
         admit_interactive=admit_interactive,
-        admit_background=admit_interactive and knobs.admit_background,
+        admit_background=admit_background,
         shed_background=mem is MemoryMode.SHED,
         unload=unload,
         reason=reason,
@@ -229,6 +276,7 @@ def decide(
         t_set_c=t_set,
         forecast_c=forecast,
         cooldown_s=cooldown,
+        background_retry_s=bg_retry,
         throttle_reasons=tuple(tags),
     )
     return decision, new_state

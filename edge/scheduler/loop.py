@@ -63,6 +63,7 @@ class SchedulerLoop:
         self.knob_changes = 0
         self.ticks = 0
         self.errors = 0
+        self._warned_unavailable = False
         if wait is None:
             wait = (lambda ev, t: ev.wait(t)) if isinstance(self.clock, SystemClock) else (
                 lambda ev, t: self.clock.sleep(t))
@@ -119,6 +120,15 @@ class SchedulerLoop:
         if prev is None or decision.mode != prev.mode or decision.knobs != prev.knobs \
                 or decision.memory != prev.memory:
             log.info("scheduler %s/%s: %s", decision.mode.value, decision.memory.value, decision.reason)
+        if decision.mode is ThermalMode.UNAVAILABLE and not self._warned_unavailable:
+            self._warned_unavailable = True
+            source = getattr(getattr(self.monitor, "source", None), "name", "source")
+            log.warning(
+                "thermal control UNAVAILABLE: telemetry %s exposes no thermal sensor and no OS thermal "
+                "signal, so edge cannot see heat and will not throttle for it (the memory guard still "
+                "works). To use thermal control, run where /sys/class/thermal or hwmon sensors are "
+                "exposed (e.g. not in a container), or try it on a simulated device with "
+                "--telemetry sim:PROFILE[@SCALE]", source)
         before = set(prev.throttle_reasons) if prev is not None else set()
         for tag in decision.throttle_reasons:
             if tag not in before:
@@ -152,9 +162,13 @@ class SchedulerLoop:
 
     def status(self) -> dict[str, Any]:
         """The last decision and counters, for /v1/status and /metrics."""
-        r = self.reading
+        r, d = self.reading, self.decision
+        mode = None if d is None else d.mode
         return {
-            "decision": self.decision.as_dict() if self.decision is not None else None,
+            "decision": d.as_dict() if d is not None else None,
+            # one gauge per mode (1 for the current one): /metrics keeps only numeric leaves
+            "thermal_mode": {m.value: int(m is mode) for m in ThermalMode},
+            "thermal_control_available": None if mode is None else mode is not ThermalMode.UNAVAILABLE,
             "u_sus": round(self.state.u_sus, 3),
             "integral_c_s": round(self.state.integral_c_s, 2),
             "temp_c": None if r is None else r.temp_c,
@@ -164,4 +178,17 @@ class SchedulerLoop:
             "knob_changes": self.knob_changes,
             "ticks": self.ticks,
             "errors": self.errors,
+            "sim_device": self._sim_status(),
         }
+
+    def _sim_status(self) -> dict[str, Any] | None:
+        """The simulated device's own account (`--telemetry sim:...`), else None."""
+        fn = getattr(getattr(self.monitor, "source", None), "status", None)
+        if not callable(fn):
+            return None
+        try:
+            got = fn()
+        except Exception as exc:  # informative only
+            log.debug("sim status failed: %s", exc)
+            return None
+        return got if isinstance(got, dict) else None

@@ -112,11 +112,23 @@ def device_profile(settings: Settings) -> Any:
     return load_profile(name)
 
 
-def build_scheduler(settings: Settings, engine: EngineLike) -> Any:
+def build_scheduler(
+    settings: Settings,
+    engine: EngineLike,
+    source_factory: Callable[[Settings], Any] | None = None,
+    base_clock: Any = None,
+) -> Any:
     """Telemetry monitor + admission + scheduler loop sized to this engine and device.
 
     The controller's slot and thread ceilings come from the engine (never more than it was
     built with) and the thermal limit and memory reserve from the device profile.
+
+    With `--telemetry sim:PROFILE[@SCALE]` the simulated device is the device: its
+    profile is used unless --profile names another, its heat follows the engine's
+    real load (`engine.stats`), and with SCALE the monitor and the scheduler run on
+    the same compressed clock, so the controller meets the device's dynamics as on
+    hardware, only faster. Durations handed to clients (Retry-After) stay in wall seconds.
+    `source_factory` and `base_clock` (the wall clock) are for tests.
     """
     from edge.scheduler.admission import Admission
     from edge.scheduler.loop import SchedulerLoop
@@ -124,7 +136,28 @@ def build_scheduler(settings: Settings, engine: EngineLike) -> Any:
     from edge.telemetry.detect import source_from_settings
     from edge.telemetry.monitor import Monitor
 
-    profile = device_profile(settings)
+    spec = str(getattr(settings, "telemetry", "auto")).strip()
+    clock: Any = None
+    scale = 1.0
+    if source_factory is not None:
+        source = source_factory(settings)
+    elif spec.startswith("sim:"):
+        from edge.telemetry.simulated import ScaledClock, make_source, parse_sim_spec
+
+        sim = parse_sim_spec(spec)
+        scale = sim.time_scale
+        clock = ScaledClock(scale, base_clock) if scale != 1.0 else base_clock
+        source = make_source(sim.profile, clock=clock)
+    else:
+        source = source_from_settings(settings, clock=base_clock)
+        clock = base_clock
+    sim_device = getattr(source, "device", None)
+    if sim_device is not None and hasattr(source, "load_provider"):
+        source.load_provider = engine.stats  # the engine's real work heats the simulated device
+    if settings.profile is None and sim_device is not None:
+        profile = sim_device.profile
+    else:
+        profile = device_profile(settings)
     knobs = engine.stats().knobs
     overrides: dict[str, Any] = {
         "n_slots": engine.n_slots,
@@ -137,17 +170,21 @@ def build_scheduler(settings: Settings, engine: EngineLike) -> Any:
     if settings.memory_reserve_bytes is not None:
         overrides["reserve_bytes"] = settings.memory_reserve_bytes
     config = ControllerConfig(**overrides)
-    monitor = Monitor(source_from_settings(settings), profile=profile)
-    admission = Admission(settings.max_queue, stats_provider=engine.stats)
+    monitor = Monitor(source, clock=clock, profile=profile)
+    admission = Admission(settings.max_queue, stats_provider=engine.stats, clock=base_clock,
+                          reserve_bytes=config.reserve_bytes, wall_s_per_decision_s=1.0 / scale)
     log.info(
-        "scheduler: profile %s, limit %.0f C, %d slots, %d threads, telemetry %s",
+        "scheduler: profile %s, limit %.0f C, reserve %d MiB, %d slots, %d threads, telemetry %s%s",
         getattr(profile, "name", "none"),
         config.limit_c,
+        config.reserve_bytes >> 20,
         config.n_slots,
         config.max_threads,
-        settings.telemetry,
+        spec,
+        f" (time x{scale:g})" if scale != 1.0 else "",
     )
-    return SchedulerLoop(monitor, engine, config=config, admission=admission)
+    wait = None if scale == 1.0 else (lambda ev, t_s: ev.wait(t_s / scale))
+    return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, wait=wait)
 
 
 def start_scheduler(scheduler: Any) -> tuple[threading.Event, threading.Thread | None]:

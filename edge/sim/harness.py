@@ -264,12 +264,21 @@ def run_scenario(scenario: Scenario | str, policy: str, profile: str | DevicePro
 
 def sweep(scenario: Scenario | str, profile: str | DeviceProfile, tp: ThroughputModel,
           duration_s: float = 1800.0, seed: int = 7,
-          progress: Callable[[str], None] | None = None) -> tuple[Knobs | None, RunMetrics | None]:
+          progress: Callable[[str], None] | None = None, strict: bool = False,
+          cache: dict[Knobs, RunMetrics] | None = None) -> tuple[Knobs | None, RunMetrics | None]:
     """Best constant (active x threads x duty) that never throttles and never OOMs, by tokens.
 
-    For each (active, threads) the highest safe duty is found by bisection over a
-    0.1 grid (heat rises with duty), so the sweep needs a few runs per pair.
+    With `strict`, the constant must also never come within 3 C of the limit: the
+    safety line edge itself is held to, so the comparison is like for like. For
+    each (active, threads) the highest safe duty is found by bisection over a 0.1
+    grid (heat rises with duty); `cache` shares runs between the two criteria.
     """
+    cache = {} if cache is None else cache
+
+    def safe(m: RunMetrics) -> bool:
+        ok = m.seconds_hw_throttled == 0 and m.oom_events == 0
+        return ok and (not strict or m.seconds_above_limit_minus_3 == 0)
+
     duties = [round(0.1 * i, 1) for i in range(2, 11)]
     best: tuple[Knobs | None, RunMetrics | None] = (None, None)
     for threads in range(1, tp.max_threads + 1):
@@ -278,9 +287,11 @@ def sweep(scenario: Scenario | str, profile: str | DeviceProfile, tp: Throughput
             while lo <= hi:
                 mid = (lo + hi) // 2
                 knobs = Knobs(active, threads, duties[mid])
-                m = run_scenario(scenario, "constant", profile, tp, duration_s, seed, knobs=knobs,
-                                 stop_on_throttle=True)
-                if m.seconds_hw_throttled == 0 and m.oom_events == 0:
+                if knobs not in cache:
+                    cache[knobs] = run_scenario(scenario, "constant", profile, tp, duration_s, seed,
+                                                knobs=knobs, stop_on_throttle=True)
+                m = cache[knobs]
+                if safe(m):
                     found, lo = (knobs, m), mid + 1
                 else:
                     hi = mid - 1

@@ -1,7 +1,9 @@
 """Pick the telemetry source `serve` will use, from `settings.telemetry`.
 
 auto: macOS -> macos, a Jetson -> jetson, other Linux -> linux, else none.
-`sim:PROFILE` builds the simulated RC device (edge.telemetry.simulated).
+`sim:PROFILE[@SCALE]` builds the simulated RC device (edge.telemetry.simulated);
+PROFILE is a name in configs/devices or a path to a profile .toml, SCALE
+compresses time (sim:jetson-orin-nano@30: 30 device seconds per wall second).
 `none` gives a source whose every reading is unknown, so the scheduler runs in
 its conservative mode rather than believing the device is cool.
 """
@@ -42,8 +44,9 @@ class NullSource:
 class SourceChoice:
     spec: str  # what was asked: "auto", "jetson", "sim:jetson-orin-nano", ...
     kind: str  # what it resolves to: "linux", "jetson", "macos", "sim", "none"
-    profile: str | None = None  # for sim
+    profile: str | None = None  # for sim: a name in configs/devices or a .toml path
     reason: str = ""
+    time_scale: float = 1.0  # for sim: device seconds per wall second
 
 
 def resolve(
@@ -57,13 +60,13 @@ def resolve(
     """Which source a spec means on this machine; raises ConfigError for an unknown spec."""
     spec = spec.strip()
     if spec.startswith("sim:"):
-        profile = spec[4:]
-        if not profile:
-            raise ConfigError("telemetry", "sim: needs a profile name, e.g. sim:jetson-orin-nano")
-        return SourceChoice(spec, "sim", profile, "simulated device")
+        from edge.telemetry.simulated import parse_sim_spec
+
+        sim = parse_sim_spec(spec)
+        return SourceChoice(spec, "sim", sim.profile, "simulated device", sim.time_scale)
     if spec not in KINDS:
         raise ConfigError(
-            "telemetry", f"unknown source {spec!r}; use one of {', '.join(KINDS)} or sim:PROFILE"
+            "telemetry", f"unknown source {spec!r}; use one of {', '.join(KINDS)} or sim:PROFILE[@SCALE]"
         )
     if spec != "auto":
         return SourceChoice(spec, spec, reason="set in settings")
@@ -93,6 +96,8 @@ def make_source(
         from edge.telemetry.simulated import make_source as make_simulated
 
         assert choice.profile is not None
+        if choice.time_scale != 1.0:
+            return make_simulated(choice.profile, clock=clock, time_scale=choice.time_scale)
         return make_simulated(choice.profile, clock=clock)
     if choice.kind == "jetson":
         from edge.telemetry.jetson import JetsonSource

@@ -37,6 +37,30 @@ class TelemetrySource(Protocol):
     def close(self) -> None: ...
 
 
+class ThermalSensing(str, Enum):
+    """Whether the source can see heat at all; decided by readings, latched once sensors are seen.
+
+    ABSENT is static (no zone, no hwmon temperature, no OS thermal signal and no
+    thermal read error since start): thermal control is unavailable, not failing.
+    Once any sensor has been seen the state is PRESENT for good, so a sensor that
+    later disappears or fails reads as stale/unknown (conservative), never ABSENT.
+    """
+
+    UNKNOWN = "unknown"  # no successful read yet
+    PRESENT = "present"
+    ABSENT = "absent"
+
+
+_THERMAL_ERROR_WORDS = ("thermal", "hwmon", "temp", "native layer")
+
+
+def has_thermal_signal(sample: Sample) -> bool:
+    """A sensor exists: a zone (even unreadable), a temperature, an OS level, or a thermal read error."""
+    if sample.zones or sample.temp_c is not None or sample.thermal_pressure is not None:
+        return True
+    return any(w in e.lower() for e in sample.errors for w in _THERMAL_ERROR_WORDS)
+
+
 class LimitOrigin(str, Enum):
     SENSOR = "sensor"  # lowest passive trip point read from the device
     PROFILE = "profile"  # the device profile's thermal_limit_c
@@ -60,6 +84,7 @@ class MonitorReading:
     age_s: float | None  # time since the last successful read
     period_s: float  # sampling period in force (1 s, or 0.5 s near the limit)
     error: str | None = None  # why the last read failed, when it did
+    thermal_sensing: ThermalSensing = ThermalSensing.UNKNOWN
 
     @property
     def headroom_c(self) -> float | None:
@@ -119,6 +144,7 @@ class Monitor:
         self._error: str | None = None
         self._period_s = period_s
         self._next_due_s: float | None = None
+        self._sensing = ThermalSensing.UNKNOWN
         self.reads = 0  # successful reads, for tests and /metrics
         self.failures = 0
 
@@ -152,6 +178,9 @@ class Monitor:
             self._error = None
             self._sample = sample
             self._last_ok_s = now
+            if self._sensing is not ThermalSensing.PRESENT:
+                seen = has_thermal_signal(sample)
+                self._sensing = ThermalSensing.PRESENT if seen else ThermalSensing.ABSENT
             self._update_temp(now, sample.temp_c)
             self._period_s = self._choose_period(sample)
             self._next_due_s = self._after(now)
@@ -225,6 +254,7 @@ class Monitor:
                 age_s=age_s,
                 period_s=self._period_s,
                 error=self._error,
+                thermal_sensing=self._sensing,
             )
 
 

@@ -1,7 +1,8 @@
 """A simulated device: RC thermal model, hardware throttling, memory and PSI.
 
 Used by tests, by the `edge sim` harness, and by `edge serve --telemetry
-sim:PROFILE` with the real engine (the engine's load drives the heat). The
+sim:PROFILE[@SCALE]` with the real engine (the engine's load drives the heat;
+SCALE compresses time, e.g. @30 runs 30 device seconds per wall second). The
 physics is deliberately simple and documented so results can be checked by hand:
 
 * first order:  tau * dT/dt = T_amb + R * P - T            (steady state T_amb + R*P)
@@ -21,10 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from edge.clock import Clock, SystemClock
 from edge.config import DeviceProfile, load_profile
+from edge.errors import ConfigError
 from edge.runtime.types import EngineState, EngineStats
 from edge.sim.throughput import ThroughputModel, load_throughput
 from edge.telemetry.sample import PressureLevel, Sample, ThermalZone
@@ -75,6 +78,9 @@ class SimulatedDevice:
         self.shut_down = False  # reached the critical trip; halted until it cools
         self.critical_events = 0
         self.throttle_events = 0
+        self.max_temp_c = self.die_c  # hottest die temperature so far (at physics-step resolution)
+        self.hw_throttled_s = 0.0  # device seconds spent hardware-throttled
+        self.near_limit_s = 0.0  # device seconds at or above limit - 3 C (edge's own safety line)
         self.mem_total_bytes = mem_total_bytes
         self.os_used_bytes = os_used_bytes
         self.engine_bytes = 0
@@ -158,6 +164,11 @@ class SimulatedDevice:
             q_sa = (self.sink_c - self.ambient_c) / r_sa
             self.die_c += h * (p_w - q_ds) / c_die
             self.sink_c += h * (q_ds - q_sa) / c_sink
+        self.max_temp_c = max(self.max_temp_c, self.die_c)
+        if self.die_c >= self.limit_c - 3.0:
+            self.near_limit_s += h
+        if self.hw_throttled:
+            self.hw_throttled_s += h
         if self.die_c >= self.critical_c and not self.shut_down:
             self.shut_down = True
             self.critical_events += 1
@@ -270,8 +281,86 @@ class SimulatedSource:
                 self.device.set_load(got.active, got.threads, got.duty)
         return self.device.sample(now_s, self.name)
 
+    def status(self) -> dict[str, float | int | str]:
+        """What the simulated device went through, for /v1/status and /metrics (demos, e2e tests)."""
+        d = self.device
+        return {
+            "profile": d.profile.name,
+            "time_scale": self.time_scale if not isinstance(self.clock, ScaledClock) else self.clock.scale,
+            "temp_c": round(d.temp_c, 3),
+            "max_temp_c": round(d.max_temp_c, 3),
+            "limit_c": d.limit_c,
+            "ambient_c": d.ambient_c,
+            "power_w": round(d.power_w, 3),
+            "utilisation": round(d.utilisation, 3),
+            "hw_throttle_events": d.throttle_events,
+            "hw_throttled_s": round(d.hw_throttled_s, 2),
+            "near_limit_s": round(d.near_limit_s, 2),
+        }
+
     def close(self) -> None:
         """Nothing to release; present so every telemetry source can be closed alike."""
+
+
+class ScaledClock:
+    """Simulated time that runs `scale` times faster than `base`, for `sim:PROFILE@SCALE`.
+
+    The whole control loop (monitor, scheduler) runs on it so the controller sees
+    the device's dynamics exactly as on hardware, only compressed: its horizons,
+    rate limits and slope windows stay in device seconds. `sleep()` waits
+    `t_s / scale` of base time.
+    """
+
+    def __init__(self, scale: float, base: Clock | None = None) -> None:
+        if scale <= 0:
+            raise ValueError("scale must be positive")
+        self.scale = scale
+        self.base = base or SystemClock()
+        self._origin_s = self.base.monotonic()
+
+    def monotonic(self) -> float:
+        return self._origin_s + (self.base.monotonic() - self._origin_s) * self.scale
+
+    def sleep(self, t_s: float) -> None:
+        self.base.sleep(t_s / self.scale)
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """`sim:PROFILE[@SCALE]` parsed; PROFILE is a name in configs/devices or a path to a .toml file."""
+
+    profile: str
+    time_scale: float = 1.0
+
+
+def parse_sim_spec(spec: str) -> SimSpec:
+    """'sim:jetson-orin-nano@30' -> SimSpec('jetson-orin-nano', 30.0); raises ConfigError when malformed."""
+    body = spec.strip()
+    body = body[4:] if body.startswith("sim:") else body
+    profile, sep, scale_text = body.rpartition("@")
+    if not sep:
+        profile, scale_text = body, ""
+    if not profile:
+        raise ConfigError("telemetry", "sim: needs a profile, e.g. sim:jetson-orin-nano@30")
+    scale = 1.0
+    if sep:
+        try:
+            scale = float(scale_text)
+        except ValueError:
+            raise ConfigError("telemetry", f"time scale {scale_text!r} in {spec!r} is not a number") from None
+        if not 0 < scale <= 1000:
+            raise ConfigError("telemetry", f"time scale in {spec!r} must be in (0, 1000]")
+    return SimSpec(profile, scale)
+
+
+def load_sim_profile(ref: str) -> DeviceProfile:
+    """A profile name in configs/devices, or a path to a profile .toml (a custom or test device)."""
+    if ref.endswith(".toml") or "/" in ref:
+        path = Path(ref).expanduser()
+        if not path.is_file():
+            raise ConfigError("telemetry", f"no profile file {path}")
+        return load_profile(path.stem, path.parent)
+    return load_profile(ref)
 
 
 def make_source(
@@ -282,6 +371,6 @@ def make_source(
     throughput: ThroughputModel | None = None,
     order: Literal[1, 2] = 2,
 ) -> SimulatedSource:
-    """Build the source behind `--telemetry sim:PROFILE`."""
-    device = SimulatedDevice(load_profile(profile_name), throughput=throughput, order=order)
+    """Build the source behind `--telemetry sim:PROFILE` (a profile name or a .toml path)."""
+    device = SimulatedDevice(load_sim_profile(profile_name), throughput=throughput, order=order)
     return SimulatedSource(device, clock=clock, time_scale=time_scale, load_provider=load_provider)

@@ -126,3 +126,45 @@ def test_kv_reservations_bound_admission() -> None:
     assert exc.value.free_cells == 400 and exc.value.retry_after_s == pytest.approx(2.5)
     a.release()
     adm.admit(INT, 200, 300)
+
+
+def bg_closed(t_s: float = 0.0, retry_s: float = 12.0) -> Decision:
+    """LIMITING with interactive work present: the engine starts no new background sequence."""
+    return Decision(knobs=Knobs(2, 1, admit_background=False), mode=ThermalMode.LIMITING,
+                    memory=MemoryMode.OK, admit_interactive=True, admit_background=False,
+                    shed_background=False, unload=False,
+                    reason="limiting: interactive first", t_s=t_s, background_retry_s=retry_s)
+
+
+def test_background_refused_at_once_when_the_engine_would_not_start_it() -> None:
+    """Issue: background was admitted while admit_background=False and then waited forever."""
+    adm = Admission(max_queue=8, clock=ManualClock())
+    adm.update(bg_closed(retry_s=12.0))
+    with pytest.raises(DevicePaused) as exc:
+        adm.admit(BG, 10, 10)
+    assert exc.value.retry_after_s == 12.0 and "background" in exc.value.reason
+    assert adm.rejected == {"DevicePaused": 1} and adm.queue_state().waiting_background == 0
+    adm.admit(INT, 10, 10)  # interactive still welcome
+    adm.update(decision(ThermalMode.NOMINAL))
+    adm.admit(BG, 10, 10)  # reopens with the knob
+
+
+def test_background_queued_before_closing_waits_a_bounded_time_then_errors() -> None:
+    clock = ManualClock()
+    adm = Admission(max_queue=8, clock=clock, background_max_wait_s=30.0)
+    got: list[EdgeError] = []
+    waiting, running = adm.admit(BG, 5, 5), adm.admit(BG, 5, 5)
+    waiting.bind(got.append)
+    running.start()
+    adm.update(bg_closed(retry_s=9.0))
+    clock.advance(29.0)
+    assert adm.update(bg_closed(t_s=29.0)) == [] and waiting.state is TicketState.WAITING
+    adm.update(decision(ThermalMode.NOMINAL))  # reopening resets the wait
+    adm.update(bg_closed(t_s=29.5))
+    clock.advance(29.0)
+    assert adm.update(bg_closed(t_s=58.5)) == []
+    clock.advance(1.0)
+    assert adm.update(bg_closed(t_s=59.5, retry_s=9.0)) == [waiting]
+    assert waiting.state is TicketState.SHED and len(got) == 1 and isinstance(got[0], RequestShed)
+    assert got[0].retry_after_s == 9.0 and "not started" in got[0].reason
+    assert running.state is TicketState.RUNNING  # running background work keeps its KV and finishes

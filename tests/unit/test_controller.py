@@ -96,7 +96,8 @@ def test_first_actuator_is_background_admission() -> None:
 
 def test_rate_limit_one_change_per_interval() -> None:
     later_s = CFG.down_interval_s + 0.1
-    seq = [inp(0.0, T_SET + 0.5), inp(0.5, T_SET + 2.5, slope=0.1), inp(later_s, T_SET + 2.5, slope=0.1)]
+    hot = T_GUARD - 0.5  # over target, under the guard
+    seq = [inp(0.0, T_SET + 0.5), inp(0.5, hot, slope=0.1), inp(later_s, hot, slope=0.1)]
     (d0, d1, d2), _ = run(seq)
     assert d0.knobs != ladder_for(CFG)[0].knobs
     assert d1.knobs == d0.knobs  # within the interval: no change despite a lower budget
@@ -184,11 +185,49 @@ def test_guard_holds_until_clearly_cooler_then_restarts_low() -> None:
     ],
 )
 def test_stale_or_unknown_is_conservative_never_nominal(reading: ControlInput) -> None:
-    d, _ = decide(reading, Q, None, ControllerState(), CFG)
+    busy = QueueState(running_interactive=1, waiting_background=1)
+    d, _ = decide(reading, busy, None, ControllerState(), CFG)
     assert d.mode is ThermalMode.CONSERVATIVE
     assert not d.knobs.paused and d.admit_interactive
     assert d.budget <= CFG.conservative_load
-    assert d.knobs != ladder_for(CFG)[0].knobs and not d.knobs.admit_background
+    assert d.knobs != ladder_for(CFG)[0].knobs
+    assert not d.knobs.admit_background and not d.admit_background and d.background_retry_s > 0
+
+
+def test_failing_sensor_is_conservative_even_if_marked_absent_before() -> None:
+    """Absent means 'never existed'; a stale reading stays conservative whatever it claims."""
+    r = ControlInput(t_s=1.0, temp_c=None, stale=True, thermal_sensor_absent=True)
+    d, _ = decide(r, Q, None, ControllerState(), CFG)
+    assert d.mode is ThermalMode.CONSERVATIVE
+
+
+def test_no_sensor_at_all_is_unavailable_full_speed_not_nominal() -> None:
+    r = ControlInput(t_s=1.0, thermal_sensor_absent=True, mem_available_bytes=8 << 30)
+    busy = QueueState(running_interactive=1, waiting_background=1)
+    d, st = decide(r, busy, None, ControllerState(), CFG)
+    assert d.mode is ThermalMode.UNAVAILABLE and st.mode is ThermalMode.UNAVAILABLE
+    assert d.knobs == ladder_for(CFG)[0].knobs and d.admit_background and d.admit_interactive
+    assert "unavailable" in d.reason and d.throttle_reasons == ()
+    # the memory guard still acts without thermal sensors
+    low = replace(r, t_s=2.0, mem_available_bytes=CFG.reserve_bytes // 2)
+    d, _ = decide(low, busy, None, st, CFG)
+    assert d.mode is ThermalMode.UNAVAILABLE and d.memory is MemoryMode.SHED
+    assert not d.admit_background and d.shed_background
+    # and so does a kernel throttle flag (a guard needs no temperature)
+    d, _ = decide(replace(r, t_s=3.0, kernel_throttling=True), busy, None, st, CFG)
+    assert d.mode is ThermalMode.GUARD
+
+
+def test_background_alone_runs_at_the_thermal_budget_not_starved() -> None:
+    """With no interactive work, a limited device keeps admitting background at the allowed level."""
+    hot = ControlInput(t_s=10.0, temp_c=T_SET + 1.0, slope_c_per_s=0.05, limit_c=99.0)
+    st = ControllerState(level=3, last_change_s=0.0, last_t_s=9.0)
+    alone = QueueState(running_background=2, waiting_background=1)
+    d, _ = decide(hot, alone, None, st, CFG)
+    assert d.mode is ThermalMode.LIMITING and d.knobs.admit_background and d.admit_background
+    mixed = QueueState(running_background=2, waiting_interactive=1)
+    d, _ = decide(hot, mixed, None, st, CFG)
+    assert d.mode is ThermalMode.LIMITING and not d.admit_background and d.background_retry_s >= 1.0
 
 
 def test_macos_pressure_only() -> None:
@@ -274,3 +313,22 @@ def test_interactive_first_parks_background_when_limiting() -> None:
         level_load, estimated_load(1, 1, CFG.min_duty, 8, 2)) + 1e-9
     assert estimated_load(k.active_limit, k.n_threads, k.duty, 8, 2) < estimated_load(
         k_mix.active_limit, 2, 1.0, 8, 2)  # less than the boost inside the band
+
+
+def test_falling_temperature_after_a_cut_earns_no_jump_back_to_full() -> None:
+    """Cooling because the load was cut says nothing about the full load: climb in bounded steps.
+
+    Before: a steep fall put the forecast far below target and the controller jumped to full
+    speed, the die heated by R_die * dP within seconds and the device bounced off the guard.
+    """
+    ladder = ladder_for(CFG)
+    low = len(ladder) - 2
+    st = ControllerState(mode=ThermalMode.LIMITING, level=low, last_change_s=0.0, last_t_s=59.0, u_sus=1.0)
+    falling = inp(60.0, T_SET - 4.0, slope=-0.5)  # forecast T_SET - 11.5, far below target
+    d, st2 = decide(falling, Q, stats(ladder[low].knobs), st, CFG)
+    assert d.forecast_c is not None and d.forecast_c < T_SET - 10
+    assert 0 < st2.level < low  # it does climb ...
+    assert ladder[st2.level].load - ladder[low].load <= 0.15 + 1e-9  # ... one bounded step
+    # genuinely cool (below T_on, forecast under target): straight back to full speed
+    d, st3 = decide(inp(60.0, T_ON - 1.0, slope=-0.1), Q, stats(ladder[low].knobs), st, CFG)
+    assert st3.level == 0 and d.mode is ThermalMode.NOMINAL

@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from edge.clock import ManualClock
 from edge.config import load_profile
-from edge.telemetry.monitor import LimitOrigin, Monitor, MonitorThread, least_squares_slope
-from edge.telemetry.sample import PressureLevel, Sample
+from edge.scheduler.controller import decide
+from edge.scheduler.state import ControlInput, ControllerConfig, ControllerState, QueueState, ThermalMode
+from edge.telemetry.monitor import LimitOrigin, Monitor, MonitorThread, ThermalSensing, least_squares_slope
+from edge.telemetry.sample import PressureLevel, Sample, ThermalZone
 
 
 class CurveSource:
@@ -232,3 +235,74 @@ def test_thread_wrapper_polls_in_background_and_closes_the_source() -> None:
         thread.stop()
     assert src.closed
     assert thread.monitor.latest().temp_c == 50.0
+
+
+class FixedSource:
+    """Returns the samples it is given, in order (the last one repeats)."""
+
+    name = "fixed"
+
+    def __init__(self, clock: ManualClock, *samples: Sample) -> None:
+        self.clock, self.samples = clock, list(samples)
+
+    def read(self) -> Sample:
+        s = self.samples.pop(0) if len(self.samples) > 1 else self.samples[0]
+        return replace(s, t_s=self.clock.monotonic())
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_machine_without_any_thermal_sensor_is_absent_and_unavailable(tmp_path) -> None:
+    """This VM's case: no thermal zones, no hwmon, no OS pressure, no read errors."""
+    from edge.telemetry.linux import LinuxSource
+
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")
+    clock = ManualClock()
+    mon = Monitor(LinuxSource(tmp_path / "sys", tmp_path / "proc", clock), clock=clock)
+    assert mon.latest().thermal_sensing is ThermalSensing.UNKNOWN
+    run_for(mon, clock, 2.0)
+    r = mon.latest()
+    assert r.thermal_sensing is ThermalSensing.ABSENT and r.temp_c is None and not r.stale
+    inp = ControlInput.from_reading(r)
+    assert inp.thermal_sensor_absent and inp.mem_available_bytes == 6000000 * 1024
+    d, _ = decide(inp, QueueState(), None, ControllerState(), ControllerConfig())
+    assert d.mode is ThermalMode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("sample", [
+    Sample(t_s=0, source="linux", zones=(ThermalZone("cpu-thermal", None),),
+           errors=("/sys/class/thermal/thermal_zone0/temp: ENODATA",)),  # zone exists, read fails
+    Sample(t_s=0, source="macos", errors=("native layer unavailable",)),  # OS signal exists, fails
+])
+def test_failing_sensor_is_present_hence_conservative(sample: Sample) -> None:
+    clock = ManualClock()
+    mon = Monitor(FixedSource(clock, sample), clock=clock)
+    run_for(mon, clock, 2.0)
+    r = mon.latest()
+    assert r.thermal_sensing is ThermalSensing.PRESENT
+    d, _ = decide(ControlInput.from_reading(r), QueueState(), None, ControllerState(), ControllerConfig())
+    assert d.mode is ThermalMode.CONSERVATIVE
+
+
+def test_sensor_seen_once_never_becomes_absent() -> None:
+    clock = ManualClock()
+    hot = Sample(t_s=0, source="linux", zones=(ThermalZone("cpu", 60.0),), temp_c=60.0)
+    gone = Sample(t_s=0, source="linux")
+    mon = Monitor(FixedSource(clock, hot, gone), clock=clock)
+    run_for(mon, clock, 3.0)
+    r = mon.latest()
+    assert r.thermal_sensing is ThermalSensing.PRESENT and r.temp_c is None
+    d, _ = decide(ControlInput.from_reading(r), QueueState(), None, ControllerState(), ControllerConfig())
+    assert d.mode is ThermalMode.CONSERVATIVE
+
+
+def test_null_source_is_absent() -> None:
+    from edge.telemetry.detect import NullSource
+
+    clock = ManualClock()
+    mon = Monitor(NullSource(clock), clock=clock)
+    run_for(mon, clock, 1.0)
+    assert mon.latest().thermal_sensing is ThermalSensing.ABSENT

@@ -182,3 +182,25 @@ def test_closed_loop_keeps_a_hot_device_below_its_limit() -> None:
     assert dev.throttle_events == 0 and max_c < 99.0 - 3.0
     assert running_s > 0.9 * 1200  # it regulates, it does not just stop
     assert 99.0 - 16.0 < dev.temp_c < 99.0 - 3.0  # settled near T_set
+
+
+def test_no_sensor_machine_is_unavailable_logged_once_and_visible(caplog) -> None:
+    """A VM/container with no thermal sensor: full speed, warned once with what to do, never 'nominal'."""
+    from edge.telemetry.detect import NullSource
+    from edge.telemetry.monitor import Monitor
+
+    clock = ManualClock()
+    engine = _engine()
+    adm = Admission(8, clock=clock)
+    loop = SchedulerLoop(Monitor(NullSource(clock), clock=clock), engine, clock, CFG, admission=adm)
+    with caplog.at_level(logging.WARNING, logger="edge.scheduler"):
+        for _ in range(5):
+            clock.advance(1.0)
+            d = loop.tick()
+    assert d.mode is ThermalMode.UNAVAILABLE and engine.knobs.admit_background and not engine.knobs.paused
+    warnings = [r.getMessage() for r in caplog.records if "UNAVAILABLE" in r.getMessage()]
+    assert len(warnings) == 1 and "--telemetry sim:PROFILE" in warnings[0]
+    st = loop.status()
+    assert st["thermal_mode"]["unavailable"] == 1 and st["thermal_mode"]["nominal"] == 0
+    assert st["thermal_control_available"] is False and st["decision"]["mode"] == "unavailable"
+    adm.admit(Priority.BACKGROUND, 10, 10)  # background is served, not left hanging

@@ -92,3 +92,17 @@ def test_edge_sim_json_output(tp: ThroughputModel, capsys: pytest.CaptureFixture
     for key in sim_cmd.JSON_KEYS:
         assert key in rows[0]
     assert set(SCENARIOS) >= {"chat", "chat-hot", "burst-hot", "background", "fan-failure", "memory-hog"}
+
+
+def test_strict_sweep_holds_constants_to_edges_own_safety_line(tp: ThroughputModel) -> None:
+    """The like-for-like baseline: a constant that comes within 3 C of the limit is not eligible."""
+    cache: dict = {}
+    _, loose = sweep("chat-hot", PROFILE, tp, duration_s=SHORT_S, cache=cache)
+    n_runs = len(cache)
+    knobs, strict = sweep("chat-hot", PROFILE, tp, duration_s=SHORT_S, strict=True, cache=cache)
+    assert knobs is not None and strict is not None and loose is not None
+    assert strict.seconds_above_limit_minus_3 == 0 and strict.seconds_hw_throttled == 0
+    assert strict.tokens <= loose.tokens
+    assert len(cache) >= n_runs  # the second sweep reuses the first one's runs
+    edge = run_scenario("chat-hot", "edge", PROFILE, tp, duration_s=SHORT_S)
+    assert edge.tokens >= 0.9 * strict.tokens

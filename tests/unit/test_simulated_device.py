@@ -160,3 +160,21 @@ def test_make_source_uses_profile() -> None:
     assert s.source == "sim:raspberry-pi-5" and s.limit_c == 85.0 and s.t_s == 101.0
     with pytest.raises(ValueError):
         SimulatedSource(src.device, clock=clock, time_scale=0)
+
+
+def test_device_keeps_an_account_of_peak_temperature_and_time_near_the_limit() -> None:
+    dev = SimulatedDevice(load_profile("jetson-orin-nano"), TP, order=1)
+    dev.ambient_c = 60.0
+    dev.set_load(8, 2, 1.0)
+    peak, near_s, throttled_s = 0.0, 0.0, 0.0
+    for _ in range(600):
+        dev.step(1.0)  # 1 s per call; the physics sub-steps at 1 s for order 1
+        peak = max(peak, dev.temp_c)
+        near_s += 1.0 if dev.temp_c >= dev.limit_c - 3.0 else 0.0
+        throttled_s += 1.0 if dev.hw_throttled else 0.0
+    assert dev.max_temp_c == pytest.approx(peak)
+    assert dev.near_limit_s == pytest.approx(near_s, abs=1.0) and near_s > 0
+    assert dev.hw_throttled_s == pytest.approx(throttled_s, abs=1.0) and throttled_s > 0
+    src = SimulatedSource(dev, ManualClock())
+    st = src.status()
+    assert st["max_temp_c"] == round(peak, 3) and st["hw_throttle_events"] == dev.throttle_events >= 1
