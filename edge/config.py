@@ -100,7 +100,8 @@ class Settings(BaseSettings):
 
     # --- telemetry ---
     telemetry: str = Field(
-        "auto", description="Telemetry source: auto, linux, jetson, macos, sim:PROFILE, none."
+        "auto", description="Telemetry source: auto, linux, jetson, macos, none, or sim:PROFILE[@SCALE] "
+        "(a simulated device; @SCALE compresses time)."
     )
     sysfs_root: Path = Field(Path("/sys"), description="Root of the sysfs tree to read.")
     procfs_root: Path = Field(Path("/proc"), description="Root of the procfs tree to read.")

@@ -24,7 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=None, help="requests allowed to wait (beyond: 503)")
     p.add_argument("--ctx", type=int, default=None, help="context length in tokens")
     p.add_argument("--profile", default=None, help="device profile in configs/devices")
-    p.add_argument("--telemetry", default=None, help="auto|linux|jetson|macos|none|sim:PROFILE")
+    p.add_argument(
+        "--telemetry",
+        default=None,
+        help="auto|linux|jetson|macos|none|sim:PROFILE[@SCALE] (PROFILE: a name in configs/devices or "
+        "a .toml path; @SCALE compresses time, e.g. sim:jetson-orin-nano@30 = 30 s per wall second)",
+    )
     p.add_argument("--sysfs-root", type=Path, default=None, help="sysfs root to read (tests, containers)")
     p.add_argument("--procfs-root", type=Path, default=None, help="procfs root to read")
     p.add_argument("--api-key-file", type=Path, default=None, help="file holding the bearer API key")

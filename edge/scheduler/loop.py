@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from edge.clock import Clock, SystemClock
-from edge.runtime.types import EngineLike, EngineStats
+from edge.runtime.types import EngineLike, EngineState, EngineStats
 from edge.scheduler.admission import Admission
 from edge.scheduler.controller import decide
 from edge.scheduler.state import (
@@ -63,6 +63,7 @@ class SchedulerLoop:
         self.knob_changes = 0
         self.ticks = 0
         self.errors = 0
+        self.unloads = 0  # keep-alive unloads done
         self._warned_unavailable = False
         if wait is None:
             wait = (lambda ev, t: ev.wait(t)) if isinstance(self.clock, SystemClock) else (
@@ -129,6 +130,8 @@ class SchedulerLoop:
                 "works). To use thermal control, run where /sys/class/thermal or hwmon sensors are "
                 "exposed (e.g. not in a container), or try it on a simulated device with "
                 "--telemetry sim:PROFILE[@SCALE]", source)
+        if decision.unload:
+            self._unload(decision)
         before = set(prev.throttle_reasons) if prev is not None else set()
         for tag in decision.throttle_reasons:
             if tag not in before:
@@ -139,6 +142,19 @@ class SchedulerLoop:
         self.decision, self.reading = decision, inp
         self.ticks += 1
         return decision
+
+    def _unload(self, decision: Decision) -> None:
+        """Keep-alive: free the model while idle; the engine reloads it on the next request."""
+        unload = getattr(self.engine, "unload", None)
+        if unload is None or self.engine.state in (EngineState.UNLOADED, EngineState.LOADING):
+            return
+        try:
+            if unload():  # False when the engine has work: decided again next tick
+                self.unloads += 1
+                log.info("model unloaded: %s", decision.reason)
+        except Exception as exc:
+            log.error("engine.unload failed: %s", exc)
+            self.errors += 1
 
     def interval_s(self) -> float:
         d = self.decision
@@ -178,6 +194,7 @@ class SchedulerLoop:
             "knob_changes": self.knob_changes,
             "ticks": self.ticks,
             "errors": self.errors,
+            "unloads": self.unloads,
             "sim_device": self._sim_status(),
         }
 

@@ -204,3 +204,39 @@ def test_no_sensor_machine_is_unavailable_logged_once_and_visible(caplog) -> Non
     assert st["thermal_mode"]["unavailable"] == 1 and st["thermal_mode"]["nominal"] == 0
     assert st["thermal_control_available"] is False and st["decision"]["mode"] == "unavailable"
     adm.admit(Priority.BACKGROUND, 10, 10)  # background is served, not left hanging
+
+
+class _IdleAdmission:
+    """Admission stand-in: nothing queued, last request finished at t = 0."""
+
+    def queue_state(self):
+        from edge.scheduler.state import QueueState
+
+        return QueueState(last_activity_s=0.0)
+
+    def update(self, decision, mem_available_bytes):
+        return []
+
+
+class _UnloadableEngine(ScriptedEngine):
+    def __init__(self) -> None:
+        super().__init__(n_slots=2, autostep=False)
+        self.unload_calls = 0
+
+    def unload(self) -> bool:
+        self.unload_calls += 1
+        self.set_state(EngineState.UNLOADED)
+        return True
+
+
+def test_keep_alive_decision_unloads_the_engine_once() -> None:
+    engine = _UnloadableEngine()
+    engine.start()
+    cfg = ControllerConfig(n_slots=2, max_threads=2, limit_c=99.0, keep_alive_s=300.0)
+    loop = SchedulerLoop(ScriptedMonitor([Reading(0, 40.0)]), engine, ManualClock(), cfg,
+                         admission=_IdleAdmission())  # type: ignore[arg-type]
+    assert not loop.tick(100.0).unload and engine.unload_calls == 0  # idle 100 s < 300 s
+    assert loop.tick(301.0).unload
+    assert engine.unload_calls == 1 and engine.state is EngineState.UNLOADED
+    loop.tick(302.0)  # already unloaded: not asked again
+    assert engine.unload_calls == 1 and loop.status()["unloads"] == 1
