@@ -117,6 +117,22 @@ class ScriptedHandle:
                 return
 
 
+def engine_stats(*, active: int = 4, knobs: Knobs | None = None, **overrides: Any) -> EngineStats:
+    """A READY engine's stats with `active` sequences each decoding one token per 0.1 s step.
+
+    Shared by scheduler, admission, memory-guard and simulated-device tests so a new
+    EngineStats field is added in one place.
+    """
+    fields: dict[str, Any] = dict(
+        state=EngineState.READY, step_time_s=0.1, decode_time_s=0.1, tokens_decoded=active,
+        tokens_prefilled=0, active=active, parked=0, waiting=0, waiting_interactive=0,
+        kv_cells_used=0, kv_cells_total=8192, n_slots=8,
+        knobs=knobs if knobs is not None else Knobs(active_limit=active, n_threads=2),
+    )
+    fields.update(overrides)
+    return EngineStats(**fields)
+
+
 @dataclass
 class ScriptedEngine:
     """Implements `EngineLike` with scripted output; see the module docstring."""

@@ -6,9 +6,10 @@ import pytest
 
 from edge.clock import ManualClock
 from edge.errors import DevicePaused, EdgeError, KvCacheFull, QueueFull, RequestShed
-from edge.runtime.types import EngineState, EngineStats, Knobs, Priority
+from edge.runtime.types import EngineStats, Knobs, Priority
 from edge.scheduler.admission import Admission, TicketState
 from edge.scheduler.state import Decision, MemoryMode, ThermalMode
+from tests.fakes import engine_stats
 
 INT, BG = Priority.INTERACTIVE, Priority.BACKGROUND
 
@@ -23,10 +24,8 @@ def decision(mode: ThermalMode = ThermalMode.NOMINAL, memory: MemoryMode = Memor
 
 
 def kv_stats(used: int = 0, total: int = 1000, tokens: int = 20, step_s: float = 0.5) -> EngineStats:
-    return EngineStats(state=EngineState.READY, step_time_s=step_s, decode_time_s=step_s,
-                       tokens_decoded=tokens,
-                       tokens_prefilled=0, active=4, parked=0, waiting=0, waiting_interactive=0,
-                       kv_cells_used=used, kv_cells_total=total, n_slots=4, knobs=Knobs(4, 2))
+    return engine_stats(step_time_s=step_s, decode_time_s=step_s, tokens_decoded=tokens, kv_cells_used=used,
+                        kv_cells_total=total, n_slots=4, knobs=Knobs(4, 2))
 
 
 def test_queue_bound_and_background_share() -> None:

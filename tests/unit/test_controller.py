@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from edge.runtime.types import EngineState, EngineStats, Knobs
+from edge.runtime.types import EngineStats, Knobs
 from edge.scheduler.controller import decide, ladder_for
 from edge.scheduler.policy import estimated_load, level_for_budget
 from edge.scheduler.state import (
@@ -18,6 +18,7 @@ from edge.scheduler.state import (
     ThermalMode,
 )
 from edge.telemetry.sample import PressureLevel, Sample
+from tests.fakes import engine_stats
 
 CFG = ControllerConfig(n_slots=8, max_threads=2, limit_c=99.0, reserve_bytes=1 << 30)
 T_SET = 99.0 - CFG.margin_c
@@ -31,21 +32,7 @@ def inp(t_s: float, temp_c: float | None, slope: float = 0.0, **kw: object) -> C
 
 
 def stats(knobs: Knobs, active: int = 8) -> EngineStats:
-    return EngineStats(
-        state=EngineState.READY,
-        step_time_s=0.1,
-        decode_time_s=0.1,
-        tokens_decoded=active,
-        tokens_prefilled=0,
-        active=active,
-        parked=0,
-        waiting=0,
-        waiting_interactive=0,
-        kv_cells_used=0,
-        kv_cells_total=8192,
-        n_slots=8,
-        knobs=knobs,
-    )
+    return engine_stats(active=active, knobs=knobs)
 
 
 def run(seq: list[ControlInput], state: ControllerState | None = None, cfg: ControllerConfig = CFG):

@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 
 from edge.errors import InsufficientMemory, KvCacheFull
-from edge.runtime.types import EngineState, EngineStats, Knobs
+from edge.runtime.types import EngineStats, Knobs
 from edge.scheduler.memory import check_fits, free_kv_cells, memory_mode, should_unload
 from edge.scheduler.state import ControlInput, ControllerConfig, MemoryMode, QueueState
 from edge.telemetry.sample import PressureLevel
+from tests.fakes import engine_stats
 
 MiB = 1 << 20
 CFG = ControllerConfig(reserve_bytes=1024 * MiB, psi_some_pause_pct=10.0, psi_full_shed_pct=2.0)
 
 
 def stats(used: int, total: int = 4096) -> EngineStats:
-    return EngineStats(state=EngineState.READY, step_time_s=0.05, decode_time_s=0.05, tokens_decoded=4,
-                       tokens_prefilled=0, active=4, parked=0, waiting=0, waiting_interactive=0,
-                       kv_cells_used=used, kv_cells_total=total, n_slots=4, knobs=Knobs(4, 2))
+    return engine_stats(step_time_s=0.05, decode_time_s=0.05, kv_cells_used=used, kv_cells_total=total,
+                        n_slots=4, knobs=Knobs(4, 2))
 
 
 def mode(prev: MemoryMode = MemoryMode.OK, **kw: object) -> MemoryMode:

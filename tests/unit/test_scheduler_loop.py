@@ -16,7 +16,7 @@ from edge.scheduler.state import ControllerConfig, MemoryMode, ThermalMode
 from edge.sim.policies import Trend
 from edge.sim.throughput import ThroughputModel
 from edge.telemetry.simulated import SimulatedDevice, SimulatedSource
-from tests.fakes import ScriptedEngine
+from tests.fakes import ScriptedEngine, engine_stats
 
 CFG = ControllerConfig(n_slots=2, max_threads=2, limit_c=99.0, reserve_bytes=1 << 30)
 
@@ -143,9 +143,7 @@ class SaturatedEngine:
     def stats(self) -> EngineStats:
         k = self.knobs
         active = 0 if k.paused else k.active_limit
-        return EngineStats(state=EngineState.READY, step_time_s=0.1, decode_time_s=0.1, tokens_decoded=active,
-                           tokens_prefilled=0, active=active, parked=0, waiting=4, waiting_interactive=4,
-                           kv_cells_used=0, kv_cells_total=8192, n_slots=8, knobs=k)
+        return engine_stats(active=active, waiting=4, waiting_interactive=4, knobs=k)
 
 
 class SmoothingMonitor:

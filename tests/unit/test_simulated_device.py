@@ -6,10 +6,11 @@ import pytest
 
 from edge.clock import ManualClock
 from edge.config import load_profile
-from edge.runtime.types import EngineState, EngineStats, Knobs
+from edge.runtime.types import EngineStats, Knobs
 from edge.sim.throughput import ThroughputModel
 from edge.telemetry.sample import PressureLevel
 from edge.telemetry.simulated import GiB, SimulatedDevice, SimulatedSource, make_source
+from tests.fakes import engine_stats
 
 TP = ThroughputModel(
     decode_tps={(1, 1): 40.0, (1, 4): 60.0, (1, 8): 70.0, (2, 1): 70.0, (2, 4): 100.0, (2, 8): 120.0},
@@ -118,21 +119,7 @@ def test_memory_hog_lowers_available_and_raises_psi() -> None:
 
 
 def _stats(active: int, threads: int, duty: float, paused: bool = False) -> EngineStats:
-    return EngineStats(
-        state=EngineState.READY,
-        step_time_s=0.1,
-        decode_time_s=0.1,
-        tokens_decoded=active,
-        tokens_prefilled=0,
-        active=active,
-        parked=0,
-        waiting=0,
-        waiting_interactive=0,
-        kv_cells_used=0,
-        kv_cells_total=1024,
-        n_slots=8,
-        knobs=Knobs(8, threads, duty, paused=paused),
-    )
+    return engine_stats(active=active, kv_cells_total=1024, knobs=Knobs(8, threads, duty, paused=paused))
 
 
 def test_source_time_scale_and_engine_load() -> None:
