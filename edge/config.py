@@ -103,6 +103,11 @@ class Settings(BaseSettings):
         "auto", description="Telemetry source: auto, linux, jetson, macos, none, or sim:PROFILE[@SCALE] "
         "(a simulated device; @SCALE compresses time)."
     )
+    calibration: str | None = Field(
+        None, description="Measured decode throughput (a name in configs/throughput or a JSON path, "
+        "written by `python -m edge.runtime.calibrate`): the thermal ladder then drops settings that "
+        "cost more heat for no more tokens. With sim:PROFILE telemetry the simulator's own is used."
+    )
     sysfs_root: Path = Field(Path("/sys"), description="Root of the sysfs tree to read.")
     procfs_root: Path = Field(Path("/proc"), description="Root of the procfs tree to read.")
 

@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="auto|linux|jetson|macos|none|sim:PROFILE[@SCALE] (PROFILE: a name in configs/devices or "
         "a .toml path; @SCALE compresses time, e.g. sim:jetson-orin-nano@30 = 30 s per wall second)",
     )
+    p.add_argument("--calibration", default=None,
+                   help="measured throughput (configs/throughput NAME or JSON path) for the thermal ladder")
     p.add_argument("--sysfs-root", type=Path, default=None, help="sysfs root to read (tests, containers)")
     p.add_argument("--procfs-root", type=Path, default=None, help="procfs root to read")
     p.add_argument("--api-key-file", type=Path, default=None, help="file holding the bearer API key")
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         n_ctx=args.ctx,
         profile=args.profile,
         telemetry=args.telemetry,
+        calibration=args.calibration,
         sysfs_root=args.sysfs_root,
         procfs_root=args.procfs_root,
         api_key_file=args.api_key_file,

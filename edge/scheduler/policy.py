@@ -9,7 +9,8 @@ sequences saves little heat per token lost. The one case where fewer sequences
 comes first is interactive work sharing the device with background work: see
 `interactive_first()`. Each level carries the controller's *estimate* of its
 load; the learned sustainable load and the integral absorb that estimate's
-error on a given device.
+error on a given device. Given measured decode figures (a calibration), the
+threads x duty part keeps only settings on the efficiency frontier (`_efficient`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ class Level:
     label: str
 
 
-def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2) -> tuple[Level, ...]:
+DecodeTable = tuple[tuple[int, int, float], ...]  # (threads, sequences, aggregate decode tokens/s)
+
+
+def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2,
+                 decode_tps: DecodeTable = ()) -> tuple[Level, ...]:
     """Levels from full speed (index 0) to paused (last index); loads never increase."""
     n_slots, max_threads = max(1, n_slots), max(1, max_threads)
 
@@ -48,11 +53,12 @@ def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2) -> tuple
         lvl(n_slots, max_threads, 1.0, True, "full"),
         lvl(n_slots, max_threads, 1.0, False, "no new background"),
     ]
-    # threads x duty with every slot decoding: by estimated load, fewer threads first on ties
-    combos = sorted(
-        ((t, d) for t in range(1, max_threads + 1) for d in DUTY_GRID if d >= min_duty - 1e-9),
-        key=lambda td: (-estimated_load(n_slots, td[0], td[1], n_slots, max_threads), td[0]),
-    )
+    combos = [(t, d) for t in range(1, max_threads + 1) for d in DUTY_GRID if d >= min_duty - 1e-9]
+    # by estimated load, fewer threads first on ties
+    combos.sort(key=lambda td: (-estimated_load(n_slots, td[0], td[1], n_slots, max_threads), td[0]))
+    table = {(t, s): v for t, s, v in decode_tps if v > 0}
+    if table:
+        combos = _efficient(combos, n_slots, table)
     for threads, duty in combos:
         cand = lvl(n_slots, threads, duty, False, f"{threads} threads, duty {duty:g}")
         if cand.load < levels[-1].load - 0.015:
@@ -66,6 +72,33 @@ def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2) -> tuple
     paused = Knobs(1, floor.n_threads, floor.duty, paused=True, admit_background=False)
     levels.append(Level(paused, 0.0, "paused"))
     return tuple(levels)
+
+
+def _efficient(combos: list[tuple[int, float]], n_slots: int,
+               table: dict[tuple[int, int], float]) -> list[tuple[int, float]]:
+    """Keep the (threads, duty) settings on the efficiency frontier, in the same (load) order.
+
+    Expected tokens/s of a setting = duty x the measured aggregate decode rate
+    with every slot busy. A setting is dropped when a cheaper one is expected to
+    deliver as many tokens (1 % tolerance): where decode is memory-bound and one
+    thread is nearly as fast as two, one thread at full duty beats two
+    duty-cycled at the same heat. Only threads and duty are traded here: fewer
+    active sequences would save heat too, but requests beyond the active limit
+    wait for a slot (in `edge sim` chat, p99 time to first token rose from 5 s
+    to 16.5 s when the frontier included them), so they stay last on the ladder.
+    """
+    def rate(threads: int) -> float:
+        known = [k for k in table if k[0] <= threads and k[1] <= n_slots]
+        return table[max(known)] if known else 0.0
+
+    kept: list[tuple[int, float]] = []
+    best = 0.0
+    for threads, duty in reversed(combos):  # cheapest first
+        value = duty * rate(threads)
+        if value > best * 1.01:
+            kept.append((threads, duty))
+            best = value
+    return kept[::-1]
 
 
 def interactive_first(level: Level, n_interactive: int, n_slots: int, max_threads: int,

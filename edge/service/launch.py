@@ -169,12 +169,16 @@ def build_scheduler(
         overrides["reserve_bytes"] = profile.memory_reserve_bytes
     if settings.memory_reserve_bytes is not None:
         overrides["reserve_bytes"] = settings.memory_reserve_bytes
+    throughput = _calibration(settings, source)
+    if throughput is not None:
+        overrides["decode_tps"] = throughput.decode_table(engine.n_slots, knobs.n_threads)
     config = ControllerConfig(**overrides)
     monitor = Monitor(source, clock=clock, profile=profile)
     admission = Admission(settings.max_queue, stats_provider=engine.stats, clock=base_clock,
                           reserve_bytes=config.reserve_bytes, wall_s_per_decision_s=1.0 / scale)
     log.info(
-        "scheduler: profile %s, limit %.0f C, reserve %d MiB, %d slots, %d threads, telemetry %s%s",
+        "scheduler: profile %s, limit %.0f C, reserve %d MiB, %d slots, %d threads, telemetry %s%s, "
+        "calibration %s",
         getattr(profile, "name", "none"),
         config.limit_c,
         config.reserve_bytes >> 20,
@@ -182,9 +186,21 @@ def build_scheduler(
         config.max_threads,
         spec,
         f" (time x{scale:g})" if scale != 1.0 else "",
+        getattr(throughput, "source", None) or "none",
     )
     wait = None if scale == 1.0 else (lambda ev, t_s: ev.wait(t_s / scale))
     return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, wait=wait)
+
+
+def _calibration(settings: Settings, source: Any) -> Any:
+    """Measured decode figures for the ladder: the setting's, else a simulated device's own."""
+    from edge.sim.throughput import load_throughput
+
+    name = getattr(settings, "calibration", None)
+    if name:
+        return load_throughput(name)  # ConfigError (exit 2) names the missing file
+    device = getattr(source, "device", None)
+    return getattr(device, "throughput", None)
 
 
 def start_scheduler(scheduler: Any) -> tuple[threading.Event, threading.Thread | None]:

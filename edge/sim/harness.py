@@ -86,7 +86,8 @@ def make_policy(name: str, profile: DeviceProfile, tp: ThroughputModel,
 def controller_config(profile: DeviceProfile, tp: ThroughputModel) -> ControllerConfig:
     """Production defaults; only the device facts (slots, threads, limit, reserve) vary."""
     return ControllerConfig(n_slots=N_SLOTS, max_threads=tp.max_threads, limit_c=profile.thermal_limit_c,
-                            reserve_bytes=profile.memory_reserve_bytes)
+                            reserve_bytes=profile.memory_reserve_bytes,
+                            decode_tps=tp.decode_table(N_SLOTS))
 
 
 class _Run:

@@ -60,6 +60,13 @@ class ThroughputModel:
                 return v0 + (v1 - v0) * (sequences - s0) / (s1 - s0)
         return points[-1][1]  # batches beyond the measured range do not get faster
 
+    def decode_table(self, max_sequences: int,
+                     max_threads: int | None = None) -> tuple[tuple[int, int, float], ...]:
+        """Dense (threads, sequences, tok/s) grid, the form the controller's ladder takes."""
+        threads = range(1, (max_threads or self.max_threads) + 1)
+        return tuple((t, s, round(self.decode_tokens_per_s(s, t), 2))
+                     for t in threads for s in range(1, max_sequences + 1))
+
     def prefill_tokens_per_s(self, threads: int) -> float:
         known = sorted(self.prefill_tps)
         t = min(known, key=lambda k: (abs(k - threads), k))

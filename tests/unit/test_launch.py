@@ -124,3 +124,22 @@ def test_real_telemetry_keeps_profile_and_reserve_from_settings() -> None:
     assert sched.config.limit_c == load_profile("raspberry-pi-5").thermal_limit_c
     assert sched.admission.reserve_bytes == sched.config.reserve_bytes == 123 << 20
     assert sched.admission.wall_s_per_decision_s == 1.0
+
+
+def test_calibration_feeds_the_ladder_its_measured_figures(tmp_path) -> None:
+    """--calibration (or a simulated device's own figures) reaches ControllerConfig.decode_tps."""
+    from edge.sim.throughput import load_throughput
+
+    engine = _engine(n_slots=4, threads=2)
+    engine.start()
+    sim = build_scheduler(Settings(telemetry="sim:jetson-orin-nano"), engine, base_clock=ManualClock())
+    expected = load_throughput().decode_table(4, 2)
+    assert sim.config.decode_tps == expected and len(expected) == 8
+    plain = build_scheduler(Settings(telemetry="none"), engine, base_clock=ManualClock())
+    assert plain.config.decode_tps == ()
+    named = build_scheduler(Settings(telemetry="none", calibration="cpu-2core-smollm2"), engine,
+                            base_clock=ManualClock())
+    assert named.config.decode_tps == expected
+    with pytest.raises(ConfigError):
+        build_scheduler(Settings(telemetry="none", calibration=str(tmp_path / "missing.json")), engine,
+                        base_clock=ManualClock())
