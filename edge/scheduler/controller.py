@@ -7,7 +7,8 @@ Android's thermal headroom forecast):
     T_lim = lowest passive trip (else profile);  T_set = T_lim - margin;  T_on = T_set - band
     T_hat = T + h * dT/dt                                   (forecast, h ~ 15 s)
     u     = u_sus + k * (T_set - T_hat) - k_i * I           (k = k_pu or k_po times u_sus)
-    I     integrates (T_hat - T_set) only above target, clamped; it bleeds off below
+    I     integrates (T_hat - T_set), clamped both ways (anti-windup); below target only while
+          the cap binds and T is near target, else it bleeds off
     u_sus learned as the load at which dT/dt ~ 0 near T_set
 
 The budget picks a level on the actuator ladder (policy.py) with hysteresis and
@@ -65,11 +66,12 @@ from edge.telemetry.sample import PressureLevel
 
 MAX_UP_LOAD_STEP = 0.15  # one upward change raises the estimated load by at most this much
 DEFAULT_COOLDOWN_S = 10.0
+BINDING_FRACTION = 0.8  # the cap binds when the engine runs at >= this share of the level's load
 
 
 @lru_cache(maxsize=32)
 def ladder_for(cfg: ControllerConfig) -> tuple[Level, ...]:
-    return build_ladder(cfg.n_slots, cfg.max_threads, cfg.min_duty)
+    return build_ladder(cfg.n_slots, cfg.max_threads, cfg.min_duty, cfg.decode_tps)
 
 
 def _applied_load(stats: EngineStats | None, cfg: ControllerConfig) -> float:
@@ -171,8 +173,16 @@ def decide(
         slope = inp.slope_c_per_s or 0.0
         forecast = temp + cfg.horizon_s * slope
         err = forecast - t_set  # > 0: over target
+        # the integral winds up above target; below it, it winds down (raising the budget) only
+        # while the cap binds (the engine runs at what the level allows) and the temperature is
+        # near target: that removes the steady offset under the target that a proportional term
+        # leaves, without growing a credit while demand, not the cap, keeps the device cool
+        binding = (state.level not in (0, paused_idx)
+                   and _applied_load(stats, cfg) >= BINDING_FRACTION * ladder[state.level].load)
         if err > 0:
             integral = min(cfg.integral_max_c_s, integral + err * dt)
+        elif binding and temp > t_set - cfg.integral_band_c:
+            integral = max(cfg.integral_min_c_s, integral + err * dt)
         else:
             integral *= math.exp(-dt / cfg.integral_decay_s)
         # u_sus is learned on the ladder's scale (the load the current level allows), the
