@@ -21,24 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from edge.telemetry.linux import (
-    CgroupMemory,
     CoolingDevice,
     CpuFreq,
     HwmonTemp,
-    Reader,
-    ReadLog,
     ZoneReading,
+    read_cooling_devices,
+    read_cpu_freqs,
+    read_hwmon_temps,
+    read_thermal_zones,
+)
+from edge.telemetry.linux_memory import (
+    CgroupMemory,
     cgroup_chain,
     cgroup_rel,
     cgroup_v2_mount,
     read_cgroup_memory,
-    read_cooling_devices,
-    read_cpu_freqs,
-    read_file,
-    read_hwmon_temps,
     read_meminfo,
-    read_thermal_zones,
 )
+from edge.telemetry.readlog import Reader, ReadLog, read_file
 
 
 class PlatformKind(str, Enum):

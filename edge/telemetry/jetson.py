@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from edge.clock import Clock
-from edge.telemetry.linux import LinuxSource, Reader, ReadLog, plausible_c, read_file
+from edge.telemetry.linux import LinuxSource, plausible_c
+from edge.telemetry.readlog import Reader, ReadLog, read_file
 from edge.telemetry.sample import PowerRail, Sample, ThermalZone
 
 # Rails that measure the whole module's input (Orin Nano/NX, Xavier NX, TX2 NX).

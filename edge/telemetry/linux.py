@@ -2,8 +2,9 @@
 
 Why not psutil: it drops trip points, ignores cooling devices and cgroups, and
 falls back to thermal zones only when hwmon is empty (see design/thermal.md).
-Every reader takes its filesystem roots and a `Reader`, so tests run on fake
-trees and can make one file fail with ENODATA while the others still read.
+Every reader takes its filesystem roots and a `ReadLog` (readlog.py), so tests
+run on fake trees and can make one file fail with ENODATA while the others still
+read. Memory, PSI and cgroup readers live in linux_memory.py.
 
 Which sensors feed `Sample.temp_c`: every thermal zone with a plausible reading
 (-40..200 °C; Jetson reports -256 for an offline zone) except zones that are not
@@ -15,16 +16,21 @@ counts, CPU hwmon chips (coretemp, k10temp, ...) are used instead.
 
 from __future__ import annotations
 
-import errno
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from edge.clock import Clock, SystemClock
-from edge.telemetry.sample import PressureLevel, Sample, ThermalZone
-
-Reader = Callable[[Path], str]
+from edge.telemetry.linux_memory import (
+    CgroupMemory,
+    combine_psi,
+    parse_psi,
+    psi_pressure_level,
+    read_cgroup_memory,
+    read_meminfo,
+)
+from edge.telemetry.readlog import Reader, ReadLog, numbered, read_file
+from edge.telemetry.sample import Sample, ThermalZone
 
 PLAUSIBLE_MIN_C = -40.0
 PLAUSIBLE_MAX_C = 200.0
@@ -36,85 +42,6 @@ CPU_HWMON_CHIPS = frozenset({"coretemp", "k10temp", "zenpower", "cpu_thermal", "
 # Cooling devices whose activity means the kernel is slowing compute down (fans do not count).
 _THROTTLING_COOLER = re.compile(r"processor|cpufreq|cpu|devfreq|gpu|powerclamp|throttl", re.IGNORECASE)
 _FAN_COOLER = re.compile(r"fan|pwm", re.IGNORECASE)
-
-
-def read_file(path: Path) -> str:
-    """Production reader: one small sysfs/procfs file."""
-    with open(path, encoding="ascii", errors="replace") as fh:
-        return fh.read()
-
-
-def _os_reason(exc: OSError) -> str:
-    code = errno.errorcode.get(exc.errno or 0)
-    text = exc.strerror or str(exc)
-    return f"{code} ({text})" if code else text
-
-
-class ReadLog:
-    """Reads files and turns each failure into one error line instead of an exception.
-
-    `cache` holds files that do not change while the machine runs (zone types,
-    trip points, labels, cpuinfo_max_freq): a Jetson sample then costs ~40
-    file reads instead of ~160. Missing files are cached as None; failed reads
-    are never cached, so a flaky sensor is retried (and reported) every time.
-    """
-
-    def __init__(self, reader: Reader = read_file, cache: dict[Path, str | None] | None = None) -> None:
-        self.reader = reader
-        self.cache = cache
-        self.errors: list[str] = []
-
-    def note(self, line: str) -> None:
-        self.errors.append(line)
-
-    def text(self, path: Path, *, required: bool = True, static: bool = False) -> str | None:
-        """File content stripped of whitespace and NULs; None when missing or unreadable."""
-        cache = self.cache if static else None
-        if cache is not None and path in cache:
-            value = cache[path]
-            if value is None and required:
-                self.errors.append(f"{path}: missing")
-            return value
-        try:
-            value = self.reader(path).strip().strip("\x00").strip()
-        except FileNotFoundError:
-            if cache is not None:
-                cache[path] = None
-            if required:
-                self.errors.append(f"{path}: missing")
-            return None
-        except OSError as exc:
-            self.errors.append(f"{path}: {_os_reason(exc)}")
-            return None
-        if cache is not None:
-            cache[path] = value
-        return value
-
-    def integer(self, path: Path, *, required: bool = True, static: bool = False) -> int | None:
-        raw = self.text(path, required=required, static=static)
-        if raw is None:
-            return None
-        try:
-            return int(raw.split()[0]) if raw else int(raw)
-        except ValueError:
-            self.errors.append(f"{path}: not a number: {raw[:40]!r}")
-            return None
-
-    def milli(self, path: Path, *, required: bool = True, static: bool = False) -> float | None:
-        """A milli-unit integer file (milli-°C, mV, mA) as units."""
-        value = self.integer(path, required=required, static=static)
-        return None if value is None else value / 1000.0
-
-
-def _numbered(parent: Path, prefix: str) -> list[Path]:
-    """`prefix0, prefix1, ...` under parent, in numeric order; [] when parent is absent."""
-    try:
-        entries = [
-            p for p in parent.iterdir() if p.name.startswith(prefix) and p.name[len(prefix) :].isdigit()
-        ]
-    except OSError:
-        return []
-    return sorted(entries, key=lambda p: int(p.name[len(prefix) :]))
 
 
 def plausible_c(temp_c: float | None) -> bool:
@@ -173,7 +100,7 @@ class ZoneReading:
 def read_thermal_zones(sysfs_root: Path, log: ReadLog) -> list[ZoneReading]:
     """Every /sys/class/thermal/thermal_zoneN with its trips; each zone read on its own."""
     zones: list[ZoneReading] = []
-    for zdir in _numbered(sysfs_root / "class" / "thermal", "thermal_zone"):
+    for zdir in numbered(sysfs_root / "class" / "thermal", "thermal_zone"):
         ztype = log.text(zdir / "type", static=True) or zdir.name
         temp_c = log.milli(zdir / "temp")
         if temp_c is not None and not plausible_c(temp_c):
@@ -210,7 +137,7 @@ class HwmonTemp:
 
 def read_hwmon_temps(sysfs_root: Path, log: ReadLog) -> list[HwmonTemp]:
     temps: list[HwmonTemp] = []
-    for hdir in _numbered(sysfs_root / "class" / "hwmon", "hwmon"):
+    for hdir in numbered(sysfs_root / "class" / "hwmon", "hwmon"):
         chip = log.text(hdir / "name", required=False, static=True) or hdir.name
         try:
             inputs = sorted(hdir.glob("temp*_input"), key=lambda p: int(p.name[4:-6] or 0))
@@ -246,7 +173,7 @@ class CoolingDevice:
 
 def read_cooling_devices(sysfs_root: Path, log: ReadLog) -> list[CoolingDevice]:
     devices: list[CoolingDevice] = []
-    for cdir in _numbered(sysfs_root / "class" / "thermal", "cooling_device"):
+    for cdir in numbered(sysfs_root / "class" / "thermal", "cooling_device"):
         ctype = log.text(cdir / "type", static=True) or cdir.name
         devices.append(
             CoolingDevice(
@@ -286,7 +213,7 @@ class CpuFreq:
 def read_cpu_freqs(sysfs_root: Path, log: ReadLog, with_cur: bool = True) -> list[CpuFreq]:
     """Per-CPU caps; `with_cur=False` skips scaling_cur_freq, which throttling checks do not need."""
     freqs: list[CpuFreq] = []
-    for cdir in _numbered(sysfs_root / "devices" / "system" / "cpu", "cpu"):
+    for cdir in numbered(sysfs_root / "devices" / "system" / "cpu", "cpu"):
         fdir = cdir / "cpufreq"
         if not fdir.exists():
             continue
@@ -308,166 +235,6 @@ def any_true(flags: list[bool | None]) -> bool | None:
     if not flags or any(f is None for f in flags):
         return None
     return False
-
-
-# --- memory: /proc/meminfo, PSI, cgroup v2 and v1 ------------------------------------
-
-# PSI thresholds (percent of wall time stalled over 10 s); inferred, see design/thermal.md.
-PSI_SOME_MODERATE = 10.0
-PSI_FULL_HEAVY = 2.0
-PSI_FULL_CRITICAL = 10.0
-_V1_UNLIMITED = 1 << 62  # v1 writes "no limit" as 0x7FFFFFFFFFFFF000 (page-rounded LONG_MAX)
-
-
-def read_meminfo(procfs_root: Path, log: ReadLog) -> dict[str, int]:
-    """/proc/meminfo as bytes per key; {} when unreadable."""
-    raw = log.text(procfs_root / "meminfo")
-    out: dict[str, int] = {}
-    for line in (raw or "").splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[key.strip()] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    if raw is not None and "MemTotal" not in out:
-        log.note(f"{procfs_root / 'meminfo'}: no MemTotal line")
-    return out
-
-
-def parse_psi(text: str) -> dict[str, float] | None:
-    """'some avg10=1.00 ...' / 'full avg10=...' -> {'some': 1.0, 'full': ...} (avg10, percent)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        kind, _, rest = line.partition(" ")
-        for item in rest.split():
-            key, _, val = item.partition("=")
-            if key == "avg10":
-                try:
-                    out[kind] = float(val)
-                except ValueError:
-                    return None
-    return out if "some" in out else None
-
-
-def psi_pressure_level(some: float | None, full: float | None) -> PressureLevel | None:
-    if some is None and full is None:
-        return None
-    if full is not None and full >= PSI_FULL_CRITICAL:
-        return PressureLevel.CRITICAL
-    if full is not None and full >= PSI_FULL_HEAVY:
-        return PressureLevel.HEAVY
-    if some is not None and some >= PSI_SOME_MODERATE:
-        return PressureLevel.MODERATE
-    return PressureLevel.NOMINAL
-
-
-@dataclass(frozen=True)
-class CgroupMemory:
-    """Memory facts of this process's cgroup, walked up to the root of the mount.
-
-    `headroom_bytes` is min over the leaf and its ancestors of limit - working set,
-    where working set = usage - inactive_file (what the kernel cannot just drop;
-    the same accounting Kubernetes uses for evictions). `limit_bytes` is the
-    tightest of memory.max and memory.high (above high, the kernel throttles).
-    """
-
-    version: int  # 1 or 2
-    path: Path  # the leaf cgroup directory
-    limit_bytes: int | None
-    current_bytes: int | None
-    headroom_bytes: int | None
-    psi: dict[str, float] | None = None  # v2 memory.pressure of the leaf
-
-
-def cgroup_rel(procfs_root: Path, log: ReadLog, controller: str | None) -> str | None:
-    """This process's cgroup path: the '0::/x' line (v2) or the 'N:memory:/x' line (v1)."""
-    for line in (log.text(procfs_root / "self" / "cgroup", required=False, static=True) or "").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if (controller is None and parts[0] == "0") or (controller and controller in parts[1].split(",")):
-            return parts[2].lstrip("/")
-    return None
-
-
-def cgroup_chain(mount: Path, rel: str | None) -> list[Path]:
-    """Leaf first, then ancestors up to the mount; the mount alone when the leaf is
-    not visible (a cgroup namespace or a v1 container shows the host's path)."""
-    leaf = mount / rel if rel else mount
-    if ".." in Path(rel or ".").parts or not leaf.is_dir():  # "/../x": outside our namespace
-        leaf = mount
-    chain = [leaf]
-    while chain[-1] != mount and mount in chain[-1].parents:
-        chain.append(chain[-1].parent)
-    return chain
-
-
-def cgroup_v2_mount(sysfs_root: Path) -> Path | None:
-    mount = sysfs_root / "fs" / "cgroup"
-    return mount if (mount / "cgroup.controllers").exists() else None
-
-
-def read_cgroup_memory(sysfs_root: Path, procfs_root: Path, log: ReadLog) -> CgroupMemory | None:
-    """The cgroup memory limit and headroom; None when there is no cgroup fs."""
-    v2 = cgroup_v2_mount(sysfs_root)
-    if v2 is not None:
-        chain = cgroup_chain(v2, cgroup_rel(procfs_root, log, None))
-        files = ("memory.max", "memory.current", "inactive_file")
-        version = 2
-    else:
-        mount = sysfs_root / "fs" / "cgroup" / "memory"
-        if not mount.is_dir():
-            return None
-        chain = cgroup_chain(mount, cgroup_rel(procfs_root, log, "memory"))
-        files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-        version = 1
-    limits: list[int] = []
-    headrooms: list[int] = []
-    leaf_current: int | None = None
-    for i, cdir in enumerate(chain):
-        caps = [log.text(cdir / files[0], required=False)]
-        if version == 2:
-            caps.append(log.text(cdir / "memory.high", required=False))
-        cap = None
-        for raw in caps:
-            if raw is None or raw == "max":
-                continue
-            try:
-                value = int(raw)
-            except ValueError:
-                log.note(f"{cdir}: limit not a number: {raw[:40]!r}")
-                continue
-            if value < _V1_UNLIMITED:
-                cap = value if cap is None else min(cap, value)
-        current = log.integer(cdir / files[1], required=False)
-        if i == 0:
-            leaf_current = current
-        if cap is None:
-            continue
-        limits.append(cap)
-        if current is not None:
-            stat = log.text(cdir / "memory.stat", required=False) or ""
-            fields = dict(ln.split(" ", 1) for ln in stat.splitlines() if " " in ln)
-            inactive = int(fields.get(files[2], "0")) if fields.get(files[2], "0").isdigit() else 0
-            headrooms.append(max(0, cap - max(0, current - inactive)))
-    psi = None
-    if version == 2:
-        raw_psi = log.text(chain[0] / "memory.pressure", required=False)
-        psi = parse_psi(raw_psi) if raw_psi else None
-    return CgroupMemory(
-        version,
-        chain[0],
-        min(limits) if limits else None,
-        leaf_current,
-        min(headrooms) if headrooms else None,
-        psi,
-    )
-
-
-def combine_psi(*psis: dict[str, float] | None) -> tuple[float | None, float | None]:
-    """Worst 'some' and 'full' avg10 of the system and the cgroup."""
-    some = [p["some"] for p in psis if p and "some" in p]
-    full = [p["full"] for p in psis if p and "full" in p]
-    return (max(some) if some else None, max(full) if full else None)
 
 
 # --- the source -----------------------------------------------------------------------

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from edge.clock import ManualClock
-from edge.telemetry.linux import LinuxSource, normalize_zone_name, psi_pressure_level, zone_counts
+from edge.telemetry.linux import LinuxSource, normalize_zone_name, zone_counts
+from edge.telemetry.linux_memory import psi_pressure_level
 from edge.telemetry.sample import PressureLevel
 from tests import fakesys
 from tests.fakesys import FakeSys, GiB, MiB
