@@ -44,7 +44,7 @@ from functools import lru_cache
 from typing import Any
 
 from edge.runtime.types import EngineState, EngineStats, Knobs
-from edge.scheduler.memory import memory_mode, should_unload
+from edge.scheduler.memory import PSI_TRAIL_S, memory_mode, memory_short, should_unload
 from edge.scheduler.policy import (
     Level,
     build_ladder,
@@ -227,7 +227,9 @@ def decide(
                       f"budget {budget:.2f} -> {ladder[level].label}")
             tags.append("limiting:thermal")
 
-    mem, mem_reason = memory_mode(inp, state.memory, cfg)
+    short_at = now if memory_short(inp, cfg.reserve_bytes) else state.mem_short_at_s
+    short_recently = short_at is not None and now - short_at <= PSI_TRAIL_S
+    mem, mem_reason = memory_mode(inp, state.memory, cfg, state.psi_prev, short_recently)
     if mem is not MemoryMode.OK:
         tags.append(f"memory:{mem.value}")
         reason = f"{reason}; {mem_reason}"
@@ -270,6 +272,8 @@ def decide(
         u_sus=min(1.0, max(0.05, u_sus)),
         idle_since_s=queue.last_activity_s,
         unloaded=unload,
+        psi_prev=(inp.psi_some_avg10, inp.psi_full_avg10),
+        mem_short_at_s=short_at,
     )
     decision = Decision(
         knobs=knobs,

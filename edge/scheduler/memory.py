@@ -16,14 +16,47 @@ from edge.telemetry.sample import PressureLevel
 
 TIGHT_RESERVE_FACTOR = 1.25  # available below reserve x this: stop admitting
 RELEASE_RESERVE_FACTOR = 1.5  # available above reserve x this: admitting again
+PSI_TRAIL_S = 60.0  # how long avg10 can trail a shortage that is over (3 x its 10 s window, rounded up)
 
 
-def memory_mode(inp: ControlInput, prev: MemoryMode, cfg: ControllerConfig) -> tuple[MemoryMode, str]:
-    """Memory state with hysteresis, and why."""
+PsiPair = tuple[float | None, float | None]  # (some avg10, full avg10)
+
+
+def psi_easing(inp: ControlInput, prev_psi: PsiPair, reserve_bytes: int, short_recently: bool) -> bool:
+    """True when PSI only reports stalls of a memory shortage that is over.
+
+    avg10 is a 10 s trailing average: after a memory hog exits it stays above
+    the thresholds for ~30 s while nothing stalls any more. When MemAvailable
+    was short within the last `PSI_TRAIL_S` and is now back above the release
+    level, and neither average is rising (the kernel refreshes them every 2 s,
+    so equal readings count as not rising), they no longer hold admission
+    closed. PSI with plenty of MemAvailable all along (page-cache thrashing,
+    which MemAvailable hides) keeps its full hysteresis, as does rising PSI.
+    """
+    avail = inp.mem_available_bytes
+    if not short_recently or avail is None or avail < reserve_bytes * RELEASE_RESERVE_FACTOR:
+        return False
+    pairs = [(now, before) for now, before in zip((inp.psi_some_avg10, inp.psi_full_avg10), prev_psi,
+                                                  strict=True) if now is not None]
+    return bool(pairs) and all(before is not None and now <= before for now, before in pairs)
+
+
+def memory_short(inp: ControlInput, reserve_bytes: int) -> bool:
+    """MemAvailable within the tight band of the reserve (the controller remembers when)."""
+    avail = inp.mem_available_bytes
+    return avail is not None and avail < reserve_bytes * TIGHT_RESERVE_FACTOR
+
+
+def memory_mode(inp: ControlInput, prev: MemoryMode, cfg: ControllerConfig,
+                prev_psi: PsiPair = (None, None), short_recently: bool = False) -> tuple[MemoryMode, str]:
+    """Memory state with hysteresis, and why; `prev_psi` is the previous reading's PSI."""
     avail = inp.mem_available_bytes
     some, full, level = inp.psi_some_avg10, inp.psi_full_avg10, inp.memory_pressure
     reserve = cfg.reserve_bytes
     f = cfg.memory_release_factor
+    easing = psi_easing(inp, prev_psi, reserve, short_recently)
+    if easing:
+        some = full = level = None  # on Linux the OS level is derived from the same PSI averages
 
     if full is not None and full >= cfg.psi_full_shed_pct:
         return MemoryMode.SHED, f"PSI full avg10 {full:.1f}% >= {cfg.psi_full_shed_pct:g}%"
@@ -48,6 +81,8 @@ def memory_mode(inp: ControlInput, prev: MemoryMode, cfg: ControllerConfig) -> t
         or (avail is not None and avail < reserve * RELEASE_RESERVE_FACTOR)
     ):
         return MemoryMode.TIGHT, "memory pressure easing"
+    if easing and (inp.psi_some_avg10 or 0.0) >= cfg.psi_some_pause_pct * f:
+        return MemoryMode.OK, "memory ok: available again, PSI averages only trail the stalls"
     return MemoryMode.OK, "memory ok"
 
 

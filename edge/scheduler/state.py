@@ -169,6 +169,8 @@ class ControllerState:
     u_sus: float = 1.0  # learned sustainable load; starts optimistic, learned near T_set
     idle_since_s: float | None = None
     unloaded: bool = False
+    psi_prev: tuple[float | None, float | None] = (None, None)  # last (some, full) PSI avg10
+    mem_short_at_s: float | None = None  # last time MemAvailable was near or below the reserve
 
 
 @dataclass(frozen=True)

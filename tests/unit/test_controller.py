@@ -345,3 +345,21 @@ def test_falling_temperature_after_a_cut_earns_no_jump_back_to_full() -> None:
     # genuinely cool (below T_on, forecast under target): straight back to full speed
     d, st3 = decide(inp(60.0, T_ON - 1.0, slope=-0.1), Q, stats(ladder[low].knobs), st, CFG)
     assert st3.level == 0 and d.mode is ThermalMode.NOMINAL
+
+
+def test_controller_remembers_psi_so_a_past_hog_releases_admission_early() -> None:
+    plenty, gone = 8 << 30, 96 << 20
+    st = ControllerState()
+    d0, st = decide(inp(0.0, 50.0, mem_available_bytes=gone, psi_some_avg10=53.0, psi_full_avg10=15.6),
+                    Q, None, st, CFG)
+    assert d0.memory is MemoryMode.SHED and st.mem_short_at_s == 0.0
+    # the hog exits: memory is back at once, the PSI averages trail it down
+    d1, st = decide(inp(1.0, 50.0, mem_available_bytes=plenty, psi_some_avg10=50.0, psi_full_avg10=15.0),
+                    Q, None, st, CFG)
+    assert d1.memory is MemoryMode.OK and d1.admit_interactive and d1.admit_background
+    assert st.psi_prev == (50.0, 15.0)
+    # long after the shortage (beyond the trail), the same PSI means real pressure again
+    late = replace(st, memory=MemoryMode.SHED)
+    d2, _ = decide(inp(200.0, 50.0, mem_available_bytes=plenty, psi_some_avg10=45.0, psi_full_avg10=13.0),
+                   Q, None, late, CFG)
+    assert d2.memory is MemoryMode.SHED

@@ -6,7 +6,7 @@ import pytest
 
 from edge.errors import InsufficientMemory, KvCacheFull
 from edge.runtime.types import EngineStats, Knobs
-from edge.scheduler.memory import check_fits, free_kv_cells, memory_mode, should_unload
+from edge.scheduler.memory import check_fits, free_kv_cells, memory_mode, psi_easing, should_unload
 from edge.scheduler.state import ControlInput, ControllerConfig, MemoryMode, QueueState
 from edge.telemetry.sample import PressureLevel
 from tests.fakes import engine_stats
@@ -43,6 +43,31 @@ def test_hysteresis_on_the_way_back() -> None:
     assert mode(MemoryMode.TIGHT, psi_some_avg10=4.0) is MemoryMode.OK
     assert mode(MemoryMode.TIGHT, mem_available_bytes=1400 * MiB) is MemoryMode.TIGHT  # < 1.5 x reserve
     assert mode(MemoryMode.TIGHT, mem_available_bytes=1600 * MiB) is MemoryMode.OK
+
+
+def test_psi_averages_that_only_trail_a_past_hog_do_not_hold_admission() -> None:
+    """avg10 lags ~30 s after a hog exits; with memory back and PSI not rising, admission reopens."""
+    plenty, short = 4096 * MiB, 1100 * MiB
+    after_hog = {"psi_some_avg10": 40.0, "psi_full_avg10": 12.0}
+    prev = (53.0, 15.6)
+    inp = ControlInput(t_s=0.0, mem_available_bytes=plenty, **after_hog)  # type: ignore[arg-type]
+    assert psi_easing(inp, prev, CFG.reserve_bytes, short_recently=True)
+    got, why = memory_mode(inp, MemoryMode.SHED, CFG, prev, short_recently=True)
+    assert got is MemoryMode.OK and "trail" in why
+    # equal readings (the kernel refreshes avg10 every 2 s) are not rising
+    assert memory_mode(inp, MemoryMode.SHED, CFG, (40.0, 12.0), short_recently=True)[0] is MemoryMode.OK
+    # without the easing the same reading keeps shedding
+    assert memory_mode(inp, MemoryMode.SHED, CFG)[0] is MemoryMode.SHED
+    # memory never short (page-cache thrashing hides behind MemAvailable): full hysteresis
+    assert memory_mode(inp, MemoryMode.SHED, CFG, prev, short_recently=False)[0] is MemoryMode.SHED
+    # rising PSI, memory still short, or no earlier reading: PSI counts
+    assert memory_mode(inp, MemoryMode.SHED, CFG, (30.0, 10.0), short_recently=True)[0] is MemoryMode.SHED
+    short_inp = ControlInput(t_s=0.0, mem_available_bytes=short, **after_hog)  # type: ignore[arg-type]
+    assert not psi_easing(short_inp, prev, CFG.reserve_bytes, short_recently=True)
+    assert memory_mode(short_inp, MemoryMode.SHED, CFG, prev, short_recently=True)[0] is MemoryMode.SHED
+    no_avail = ControlInput(t_s=0.0, **after_hog)  # type: ignore[arg-type]
+    assert not psi_easing(no_avail, prev, CFG.reserve_bytes, short_recently=True)
+    assert not psi_easing(inp, (None, None), CFG.reserve_bytes, short_recently=True)
 
 
 def test_kv_fit_counts_reservations_once() -> None:
