@@ -111,7 +111,9 @@ class Admission:
 
     # --- feed from the scheduler ------------------------------------------
     def update(self, decision: Decision, mem_available_bytes: int | None = None) -> list[Ticket]:
-        """Take the latest decision; shed background tickets if it says so. Returns the shed tickets."""
+        """Take the latest decision; shed background tickets (all, on eviction) if it says so.
+
+        Returns the shed tickets."""
         with self._lock:
             self.decision = decision
             self.mem_available_bytes = mem_available_bytes
@@ -123,7 +125,9 @@ class Admission:
                 self._bg_closed_since_s = None
             elif self._bg_closed_since_s is None:
                 self._bg_closed_since_s = now
-            if decision.shed_background:
+            if decision.evict:  # memory emergency: the model is being unloaded, nothing can run
+                victims = list(self._tickets.values())
+            elif decision.shed_background:
                 victims = [t for t in self._tickets.values() if t.priority is Priority.BACKGROUND]
             elif self._bg_closed_since_s is not None:
                 # admitted before admission closed, still not started: bounded wait, then a clear error

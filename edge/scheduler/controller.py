@@ -44,7 +44,7 @@ from functools import lru_cache
 from typing import Any
 
 from edge.runtime.types import EngineState, EngineStats, Knobs
-from edge.scheduler.memory import PSI_TRAIL_S, memory_mode, memory_short, should_unload
+from edge.scheduler.memory import PSI_TRAIL_S, memory_mode, memory_short, should_evict, should_unload
 from edge.scheduler.policy import (
     Level,
     build_ladder,
@@ -230,6 +230,12 @@ def decide(
     short_at = now if memory_short(inp, cfg.reserve_bytes) else state.mem_short_at_s
     short_recently = short_at is not None and now - short_at <= PSI_TRAIL_S
     mem, mem_reason = memory_mode(inp, state.memory, cfg, state.psi_prev, short_recently)
+    evict, evict_reason = should_evict(inp, mem, state.mem_prev, state.evicted, cfg)
+    if evict and mem is MemoryMode.OK:
+        mem = MemoryMode.TIGHT  # evicted: nothing is admitted until memory is fully back
+    if evict:
+        tags.append("memory:evict")
+        mem_reason = f"{mem_reason}; {evict_reason}"
     if mem is not MemoryMode.OK:
         tags.append(f"memory:{mem.value}")
         reason = f"{reason}; {mem_reason}"
@@ -253,6 +259,7 @@ def decide(
     unload = should_unload(queue, now, cfg.keep_alive_s)
     if unload:
         reason = f"{reason}; idle for {cfg.keep_alive_s:g} s: unload"
+    unload = unload or evict
     cooldown = _cooldown_s(inp, resume_c if mode is ThermalMode.GUARD else t_set) if heat_stop else 0.0
 
     admit_background = admit_interactive and knobs.admit_background
@@ -274,6 +281,8 @@ def decide(
         unloaded=unload,
         psi_prev=(inp.psi_some_avg10, inp.psi_full_avg10),
         mem_short_at_s=short_at,
+        mem_prev=None if inp.mem_available_bytes is None else (now, inp.mem_available_bytes),
+        evicted=evict,
     )
     decision = Decision(
         knobs=knobs,
@@ -281,7 +290,8 @@ def decide(
         memory=mem,
         admit_interactive=admit_interactive,
         admit_background=admit_background,
-        shed_background=mem is MemoryMode.SHED,
+        shed_background=mem is MemoryMode.SHED or evict,
+        evict=evict,
         unload=unload,
         reason=reason,
         t_s=now,

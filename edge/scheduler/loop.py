@@ -63,7 +63,8 @@ class SchedulerLoop:
         self.knob_changes = 0
         self.ticks = 0
         self.errors = 0
-        self.unloads = 0  # keep-alive unloads done
+        self.unloads = 0  # unloads done (keep-alive and memory evictions)
+        self.evictions = 0  # unloads forced by a memory emergency
         self._warned_unavailable = False
         if wait is None:
             wait = (lambda ev, t: ev.wait(t)) if isinstance(self.clock, SystemClock) else (
@@ -130,28 +131,33 @@ class SchedulerLoop:
                 "works). To use thermal control, run where /sys/class/thermal or hwmon sensors are "
                 "exposed (e.g. not in a container), or try it on a simulated device with "
                 "--telemetry sim:PROFILE[@SCALE]", source)
-        if decision.unload:
-            self._unload(decision)
         before = set(prev.throttle_reasons) if prev is not None else set()
         for tag in decision.throttle_reasons:
             if tag not in before:
                 self.throttle_events[tag] += 1
-        if self.admission is not None:
+        if self.admission is not None:  # shed first: an engine with work refuses to unload
             for ticket in self.admission.update(decision, inp.mem_available_bytes):
-                log.warning("shed background ticket %d: %s", ticket.ticket_id, decision.reason)
+                log.warning("shed %s ticket %d: %s", ticket.priority.name.lower(), ticket.ticket_id,
+                            decision.reason)
+        if decision.unload:
+            self._unload(decision)
         self.decision, self.reading = decision, inp
         self.ticks += 1
         return decision
 
     def _unload(self, decision: Decision) -> None:
-        """Keep-alive: free the model while idle; the engine reloads it on the next request."""
+        """Free the model (keep-alive, or a memory emergency); the engine reloads on the next request."""
         unload = getattr(self.engine, "unload", None)
         if unload is None or self.engine.state in (EngineState.UNLOADED, EngineState.LOADING):
             return
         try:
             if unload():  # False when the engine has work: decided again next tick
                 self.unloads += 1
-                log.info("model unloaded: %s", decision.reason)
+                if decision.evict:
+                    self.evictions += 1
+                    log.warning("model unloaded to give memory back: %s", decision.reason)
+                else:
+                    log.info("model unloaded: %s", decision.reason)
         except Exception as exc:
             log.error("engine.unload failed: %s", exc)
             self.errors += 1
@@ -195,6 +201,7 @@ class SchedulerLoop:
             "ticks": self.ticks,
             "errors": self.errors,
             "unloads": self.unloads,
+            "evictions": self.evictions,
             "sim_device": self._sim_status(),
         }
 

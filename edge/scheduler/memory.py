@@ -1,4 +1,4 @@
-"""Memory guard: when to stop admitting, when to shed, whether a request fits, when to unload.
+"""Memory guard: when to stop admitting, when to shed, when to evict, whether a request fits, when to unload.
 
 Thresholds follow the design notes (inferred, tunable in ControllerConfig):
 PSI `some avg10` >= 10 % or MemAvailable near the reserve pauses admission;
@@ -16,6 +16,9 @@ from edge.telemetry.sample import PressureLevel
 
 TIGHT_RESERVE_FACTOR = 1.25  # available below reserve x this: stop admitting
 RELEASE_RESERVE_FACTOR = 1.5  # available above reserve x this: admitting again
+EVICT_RESERVE_FACTOR = 0.5  # below reserve x this: unload the model (memory emergency)
+EVICT_HORIZON_S = 10.0  # ... or when MemAvailable would get there within this time
+PSI_FULL_EVICT_PCT = 10.0  # ... or PSI full avg10 this high while below the reserve
 PSI_TRAIL_S = 60.0  # how long avg10 can trail a shortage that is over (3 x its 10 s window, rounded up)
 
 
@@ -84,6 +87,40 @@ def memory_mode(inp: ControlInput, prev: MemoryMode, cfg: ControllerConfig,
     if easing and (inp.psi_some_avg10 or 0.0) >= cfg.psi_some_pause_pct * f:
         return MemoryMode.OK, "memory ok: available again, PSI averages only trail the stalls"
     return MemoryMode.OK, "memory ok"
+
+
+def should_evict(inp: ControlInput, mode: MemoryMode, prev_avail: tuple[float, int] | None,
+                 evicted: bool, cfg: ControllerConfig) -> tuple[bool, str]:
+    """Memory emergency: give the model's memory back (shed all work, unload), and why.
+
+    llama.cpp commits the whole KV cache when it creates the context (it clears
+    the buffer), so shedding requests frees no memory; only unloading does.
+    Evict when, below the reserve, MemAvailable is under half of it, is falling
+    fast enough to get there within `EVICT_HORIZON_S`, or PSI full is critical.
+    Stay evicted until the memory mode is back to OK with room for the model
+    (`footprint_bytes`) above the release level; the next request reloads.
+    """
+    if evicted:
+        # a reload takes the memory back: wait for room for it above the release level, so that
+        # reloading into a box that is still short does not evict again at once
+        need = cfg.reserve_bytes * RELEASE_RESERVE_FACTOR + cfg.footprint_bytes
+        room = inp.mem_available_bytes is None or inp.mem_available_bytes >= need
+        return not (mode is MemoryMode.OK and room), (
+            f"evicted: waiting for {need / (1 << 20):.0f} MiB available to reload")
+    avail = inp.mem_available_bytes
+    if mode is not MemoryMode.SHED or avail is None or avail >= cfg.reserve_bytes:
+        return False, ""
+    floor = cfg.reserve_bytes * EVICT_RESERVE_FACTOR
+    if avail < floor:
+        return True, f"available {avail >> 20} MiB under half the reserve: unloading the model"
+    if prev_avail is not None and inp.t_s > prev_avail[0]:
+        rate = (avail - prev_avail[1]) / (inp.t_s - prev_avail[0])
+        if avail + rate * EVICT_HORIZON_S < floor:
+            return True, (f"available {avail >> 20} MiB falling {-rate / (1 << 20):.0f} MiB/s: "
+                          "unloading the model before the OOM killer acts")
+    if inp.psi_full_avg10 is not None and inp.psi_full_avg10 >= PSI_FULL_EVICT_PCT:
+        return True, f"PSI full avg10 {inp.psi_full_avg10:.1f}% below the reserve: unloading the model"
+    return False, ""
 
 
 def should_unload(queue: QueueState, now_s: float, keep_alive_s: float | None) -> bool:

@@ -10,7 +10,8 @@ Thermal mode transitions (see controller.py):
     any      --stale or failing telemetry-->  CONSERVATIVE (reduced, never nominal)
     any      --the machine exposes no thermal sensor and no OS pressure signal-->  UNAVAILABLE
              (full speed, not throttled on heat; memory guard and kernel-throttle guard still on)
-Memory mode: OK <-> TIGHT (admission paused) <-> SHED (background cancelled).
+Memory mode: OK <-> TIGHT (admission paused) <-> SHED (background cancelled); from SHED a deep
+or fast shortage evicts (every request shed, model unloaded) until memory is back with room.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class ControllerConfig:
     psi_full_shed_pct: float = 2.0  # background is shed above this PSI full avg10
     memory_release_factor: float = 0.5  # leave TIGHT/SHED below threshold * factor
     keep_alive_s: float | None = None  # unload after this idle time (None: never)
+    footprint_bytes: int = 0  # memory a reload takes back (the memory plan's total less its reserve)
 
     @property
     def k_pu(self) -> float:
@@ -171,6 +173,8 @@ class ControllerState:
     unloaded: bool = False
     psi_prev: tuple[float | None, float | None] = (None, None)  # last (some, full) PSI avg10
     mem_short_at_s: float | None = None  # last time MemAvailable was near or below the reserve
+    mem_prev: tuple[float, int] | None = None  # (t_s, MemAvailable) of the last reading
+    evicted: bool = False  # memory emergency: all work shed, model unloaded until memory is back
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ class Decision:
     cooldown_s: float = 0.0  # estimated time until work can resume (paused/guard)
     background_retry_s: float = 0.0  # estimated time until background admission reopens (0: open)
     throttle_reasons: tuple[str, ...] = field(default_factory=tuple)
+    evict: bool = False  # memory emergency: shed every request (interactive too) and unload the model
 
     def as_dict(self) -> dict[str, Any]:
         k = self.knobs
@@ -208,6 +213,7 @@ class Decision:
             "admit_interactive": self.admit_interactive,
             "admit_background": self.admit_background,
             "shed_background": self.shed_background,
+            "evict": self.evict,
             "unload": self.unload,
             "cooldown_s": round(self.cooldown_s, 1),
             "background_retry_s": round(self.background_retry_s, 1),

@@ -169,6 +169,9 @@ def build_scheduler(
         overrides["reserve_bytes"] = profile.memory_reserve_bytes
     if settings.memory_reserve_bytes is not None:
         overrides["reserve_bytes"] = settings.memory_reserve_bytes
+    plan = getattr(engine, "plan", None)
+    if plan is not None and getattr(plan, "total_bytes", None) is not None:
+        overrides["footprint_bytes"] = max(0, int(plan.total_bytes) - int(plan.reserve_bytes))
     throughput = _calibration(settings, source)
     if throughput is not None:
         overrides["decode_tps"] = throughput.decode_table(engine.n_slots, knobs.n_threads)

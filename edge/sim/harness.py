@@ -4,7 +4,9 @@ One run: clients send requests through `Admission` into the modelled engine;
 every second the policy reads telemetry (smoothed, with a little seeded sensor
 noise) and sets the knobs; the engine's load heats the RC device; the device's
 hardware throttle slows the engine; a memory hog can push the engine into the
-OOM killer. Metrics count what users and the device experienced.
+OOM killer (the engine holds its weights and whole KV cache while loaded, as
+llama.cpp does, so only unloading gives memory back). Metrics count what users
+and the device experienced.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ MAX_QUEUE = 64
 SENSOR_NOISE_C = 0.15
 USER_RETRY_AFTER_LOSS_S = 5.0
 # Memory footprint of the measured model (SmolLM2-135M Q4_1, f16 KV): weights and bytes per KV cell
-# = n_layer 30 x (n_embd_k_gqa 192 + n_embd_v_gqa 192) x 2 bytes.
+# = n_layer 30 x (n_embd_k_gqa 192 + n_embd_v_gqa 192) x 2 bytes; the whole cache (8 x 2048 cells,
+# 360 MiB) is committed at load, as llama.cpp does.
 MODEL_BYTES = 100 << 20
 KV_BYTES_PER_CELL = 30 * (192 + 192) * 2
 KV_CELLS_TOTAL = N_SLOTS * 2048
-HOG_HEADROOM_BYTES = 96 << 20  # what the hog leaves beyond the engine's weights
+HOG_HEADROOM_BYTES = 96 << 20  # what the hog leaves beyond the weights: less than a loaded KV cache
 POLICIES = ("none", "threshold", "edge")
 PROFILES = ("jetson-orin-nano", "raspberry-pi-5")
 
@@ -87,7 +90,8 @@ def controller_config(profile: DeviceProfile, tp: ThroughputModel) -> Controller
     """Production defaults; only the device facts (slots, threads, limit, reserve) vary."""
     return ControllerConfig(n_slots=N_SLOTS, max_threads=tp.max_threads, limit_c=profile.thermal_limit_c,
                             reserve_bytes=profile.memory_reserve_bytes,
-                            decode_tps=tp.decode_table(N_SLOTS))
+                            decode_tps=tp.decode_table(N_SLOTS),
+                            footprint_bytes=MODEL_BYTES + KV_BYTES_PER_CELL * KV_CELLS_TOTAL)
 
 
 class _Run:
@@ -107,8 +111,7 @@ class _Run:
         guarded = isinstance(policy, EdgePolicy)
         self.admission = Admission(
             MAX_QUEUE, stats_provider=self.engine.stats if guarded else None, clock=self.clock,
-            reserve_bytes=profile.memory_reserve_bytes if guarded else 0,
-            kv_bytes_per_cell=KV_BYTES_PER_CELL if guarded else 0)
+            reserve_bytes=profile.memory_reserve_bytes if guarded else 0)
         self.clients: list[Client] = WORKLOADS[workload]()
         self.retries: list[tuple[float, int, SimRequest]] = []
         self.tickets: dict[int, Ticket] = {}
@@ -192,8 +195,11 @@ class _Run:
         self.trend.update(t, sample.temp_c + self.noise.gauss(0.0, SENSOR_NOISE_C))
         knobs = self.policy.control(sample, self.trend, self.admission.queue_state(), self.engine.stats())
         self.engine.apply(knobs)
-        if self.policy.decision is not None:
-            self.admission.update(self.policy.decision, sample.mem_available_bytes)
+        d = self.policy.decision
+        if d is not None:
+            self.admission.update(d, sample.mem_available_bytes)  # sheds (and cancels) first ...
+            if d.unload:
+                self.engine.unload()  # ... so an eviction finds the engine empty
 
     def run(self, stop_on_throttle: bool = False) -> RunMetrics:
         n_steps = round(self.duration_s / DT_S)
@@ -230,6 +236,8 @@ class _Run:
                         ticket.release()
                     self._retry(req, t + USER_RETRY_AFTER_LOSS_S)
                 dev.set_engine_memory(0)
+                if stop_on_throttle:
+                    break  # the sweep only needs to know the setting is unsafe
             m.max_temp_c = max(m.max_temp_c, dev.temp_c)
             if dev.temp_c >= limit_c - 3.0:
                 m.seconds_above_limit_minus_3 += DT_S
@@ -242,6 +250,7 @@ class _Run:
         m.interactive_p99_ttft_s = weighted_percentile(self.ttfts, 0.99)
         m.unanswered_at_end = len(eng.waiting) + len(eng.slots) + len(self.retries)
         m.tokens += sum(int(r.generated) for r in eng.slots)  # streamed to users when the run stops
+        m.extra["unloads"] = eng.unloads
         if isinstance(self.policy, EdgePolicy):
             m.extra["throttle_decisions"] = self.policy.state.mode.value
         return m

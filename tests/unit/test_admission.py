@@ -167,3 +167,23 @@ def test_background_queued_before_closing_waits_a_bounded_time_then_errors() -> 
     assert waiting.state is TicketState.SHED and len(got) == 1 and isinstance(got[0], RequestShed)
     assert got[0].retry_after_s == 9.0 and "not started" in got[0].reason
     assert running.state is TicketState.RUNNING  # running background work keeps its KV and finishes
+
+
+def test_eviction_sheds_every_ticket_with_an_error() -> None:
+    adm = Admission(max_queue=8, clock=ManualClock())
+    got: list[EdgeError] = []
+    tickets = [adm.admit(p, 10, 10) for p in (INT, BG, INT)]
+    for t in tickets:
+        t.bind(got.append)
+    tickets[0].start()
+    shed_bg_only = decision(memory=MemoryMode.SHED)
+    assert [t.priority for t in adm.update(shed_bg_only)] == [BG]
+    evict = Decision(knobs=Knobs(4, 2), mode=ThermalMode.NOMINAL, memory=MemoryMode.SHED,
+                     admit_interactive=False, admit_background=False, shed_background=True, unload=True,
+                     reason="evict", t_s=0.0, evict=True)
+    victims = adm.update(evict)
+    assert sorted(t.ticket_id for t in victims) == [tickets[0].ticket_id, tickets[2].ticket_id]
+    assert len(got) == 3 and all(isinstance(e, RequestShed) and e.retry_after_s > 0 for e in got)
+    assert adm.queue_state().busy is False
+    with pytest.raises(DevicePaused):
+        adm.admit(INT, 10, 10)

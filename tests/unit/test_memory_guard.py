@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edge.errors import InsufficientMemory, KvCacheFull
 from edge.runtime.types import EngineStats, Knobs
-from edge.scheduler.memory import check_fits, free_kv_cells, memory_mode, psi_easing, should_unload
+from edge.scheduler.memory import (
+    check_fits,
+    free_kv_cells,
+    memory_mode,
+    psi_easing,
+    should_evict,
+    should_unload,
+)
 from edge.scheduler.state import ControlInput, ControllerConfig, MemoryMode, QueueState
 from edge.telemetry.sample import PressureLevel
 from tests.fakes import engine_stats
@@ -68,6 +77,29 @@ def test_psi_averages_that_only_trail_a_past_hog_do_not_hold_admission() -> None
     no_avail = ControlInput(t_s=0.0, **after_hog)  # type: ignore[arg-type]
     assert not psi_easing(no_avail, prev, CFG.reserve_bytes, short_recently=True)
     assert not psi_easing(inp, (None, None), CFG.reserve_bytes, short_recently=True)
+
+
+def test_eviction_gives_the_model_memory_back_before_the_oom_killer() -> None:
+    """Shedding frees nothing (llama.cpp commits its KV cache at load): deep or fast shortages unload."""
+    def ev(avail_mib: int, prev: tuple[float, int] | None = None, evicted: bool = False,
+           mode_: MemoryMode = MemoryMode.SHED, cfg: ControllerConfig = CFG, **kw: object) -> bool:
+        inp = ControlInput(t_s=10.0, mem_available_bytes=avail_mib * MiB, **kw)  # type: ignore[arg-type]
+        return should_evict(inp, mode_, prev, evicted, cfg)[0]
+
+    assert not ev(900)  # below the 1024 MiB reserve but steady: shed background, keep the model
+    assert ev(500)  # under half the reserve
+    assert ev(900, prev=(9.0, 1200 * MiB))  # falling 300 MiB/s: half the reserve within 10 s
+    assert not ev(900, prev=(9.0, 920 * MiB))  # falling slowly
+    assert ev(900, psi_full_avg10=12.0) and not ev(900, psi_full_avg10=5.0)
+    assert not ev(2000, prev=(9.0, 6000 * MiB), mode_=MemoryMode.TIGHT)  # not below the reserve yet
+    assert not ev(900, mode_=MemoryMode.TIGHT)
+    assert not should_evict(ControlInput(t_s=1.0), MemoryMode.SHED, None, False, CFG)[0]  # unknown
+    # once evicted it stays so until memory is back with room for the model above the release level
+    big = replace(CFG, footprint_bytes=512 * MiB)
+    assert ev(1200, evicted=True, mode_=MemoryMode.TIGHT)
+    assert not ev(1600, evicted=True, mode_=MemoryMode.OK)
+    assert ev(1600, evicted=True, mode_=MemoryMode.OK, cfg=big)  # 1536 + 512 MiB needed
+    assert not ev(2100, evicted=True, mode_=MemoryMode.OK, cfg=big)
 
 
 def test_kv_fit_counts_reservations_once() -> None:

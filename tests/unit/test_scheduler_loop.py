@@ -238,3 +238,21 @@ def test_keep_alive_decision_unloads_the_engine_once() -> None:
     assert engine.unload_calls == 1 and engine.state is EngineState.UNLOADED
     loop.tick(302.0)  # already unloaded: not asked again
     assert engine.unload_calls == 1 and loop.status()["unloads"] == 1
+
+
+def test_memory_emergency_sheds_everything_then_unloads() -> None:
+    engine = _UnloadableEngine()
+    engine.start()
+    adm = Admission(8, stats_provider=engine.stats, clock=ManualClock(), reserve_bytes=CFG.reserve_bytes)
+    errors: list[EdgeError] = []
+    for prio in (Priority.INTERACTIVE, Priority.BACKGROUND):
+        adm.admit(prio, 10, 10).bind(errors.append)
+    gib = 1 << 30
+    monitor = ScriptedMonitor([Reading(0, 40.0, mem_available_bytes=4 * gib),
+                               Reading(1, 40.0, mem_available_bytes=gib // 3)])
+    loop = SchedulerLoop(monitor, engine, ManualClock(), CFG, admission=adm)
+    assert not loop.tick(0.0).evict
+    d = loop.tick(1.0)
+    assert d.evict and d.unload and "memory:evict" in d.throttle_reasons
+    assert len(errors) == 2 and all(isinstance(e, RequestShed) for e in errors)
+    assert engine.unload_calls == 1 and loop.status()["evictions"] == 1

@@ -64,6 +64,8 @@ def test_edge_meets_thermal_and_memory_targets(tp: ThroughputModel, scenario: st
         # edge refuses (with errors and Retry-After) while the hog holds the memory
         assert res["none"].oom_events > 0 and res["none"].lost_without_error > 0
         assert edge.rejected_with_error > 0 and edge.shed_with_error > 0
+        assert edge.extra["unloads"] >= 1  # gave the committed KV cache back: shedding alone frees nothing
+        assert edge.tokens > 0.6 * res["none"].tokens  # and came back after the hog
     else:
         assert edge.tokens > res["threshold"].tokens
     if scenario in ("chat-hot", "fan-failure"):  # hot scenarios have teeth: unmanaged runs throttle
@@ -106,3 +108,31 @@ def test_strict_sweep_holds_constants_to_edges_own_safety_line(tp: ThroughputMod
     assert len(cache) >= n_runs  # the second sweep reuses the first one's runs
     edge = run_scenario("chat-hot", "edge", PROFILE, tp, duration_s=SHORT_S)
     assert edge.tokens >= 0.9 * strict.tokens
+
+
+def test_sim_engine_commits_its_kv_cache_at_load_and_frees_it_only_by_unloading(tp: ThroughputModel) -> None:
+    from edge.runtime.types import Knobs, Priority
+    from edge.sim.engine import RELOAD_WARM_S, SimEngine
+    from edge.sim.workloads import Client, SimRequest
+
+    eng = SimEngine(tp, 2, Knobs(2, 2), model_bytes=100, kv_bytes_per_cell=10, kv_cells_total=50)
+    assert eng.resident_bytes() == 100 + 10 * 50  # idle, yet the whole cache is resident
+    client = Client("c", Priority.INTERACTIVE, (10, 10), (5, 5))
+    req = SimRequest(1, client, Priority.INTERACTIVE, 10, 5, 0.0)
+    eng.submit(req)
+    assert not eng.unload()  # refused with work queued
+    t = 0.0
+    while not req.done:
+        eng.step(t, 0.25, 1.0)
+        t += 0.25
+    eng.slots.clear()
+    assert eng.resident_bytes() == 600  # finishing frees nothing
+    assert eng.unload() and eng.resident_bytes() == 0 and eng.stats().state.value == "unloaded"
+    again = SimRequest(2, client, Priority.INTERACTIVE, 10, 5, t)
+    eng.submit(again)
+    eng.step(t, 0.25, 1.0)  # a request reloads the model; it waits for the reload
+    assert eng.stats().state.value == "loading" and again.generated == 0
+    t_ready = t + RELOAD_WARM_S
+    for i in range(40):
+        eng.step(t_ready + 0.25 * i, 0.25, 1.0)
+    assert again.done and eng.unloads == 1 and eng.resident_bytes() == 600
