@@ -184,7 +184,7 @@ class Generation:
         return self
 
     def _shed(self, index: int, err: EdgeError) -> None:
-        """Called by the scheduler (any thread) when it sheds this background request."""
+        """Called by the scheduler (any thread) when it sheds this request (background; any on eviction)."""
         self.shed_errors[index] = err
         if index < len(self.handles):
             self.handles[index].cancel()
