@@ -143,3 +143,16 @@ def test_calibration_feeds_the_ladder_its_measured_figures(tmp_path) -> None:
     with pytest.raises(ConfigError):
         build_scheduler(Settings(telemetry="none", calibration=str(tmp_path / "missing.json")), engine,
                         base_clock=ManualClock())
+
+
+def test_memory_plan_gives_the_controller_the_reload_footprint() -> None:
+    """After an eviction, admission waits for room for the model: its size comes from the memory plan."""
+    from types import SimpleNamespace
+
+    engine = _engine()
+    engine.start()
+    plain = build_scheduler(Settings(telemetry="none"), engine, base_clock=ManualClock())
+    assert plain.config.footprint_bytes == 0  # no plan: evictions wait for the release level only
+    engine.plan = SimpleNamespace(total_bytes=900 << 20, reserve_bytes=512 << 20)  # type: ignore[attr-defined]
+    sched = build_scheduler(Settings(telemetry="none"), engine, base_clock=ManualClock())
+    assert sched.config.footprint_bytes == 388 << 20
