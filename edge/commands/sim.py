@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r['profile']} {r['scenario']}: edge interactive p99 TTFT "
                   f"{_fmt(r['interactive_p99_ttft_s'])} s vs unloaded "
                   f"{_fmt(r['unloaded_interactive_p99_ttft_s'])} s")
-        if r["policy"] == "edge" and "best_constant_tokens" in r:
+        if r["policy"] == "edge" and "best_constant_tokens" in r and r["best_constant"] is None:
+            print(f"{r['profile']} {r['scenario']}: no constant setting runs without throttling or an OOM "
+                  f"kill; edge {r['tokens']} tokens, {r['oom_events']} OOM")
+        elif r["policy"] == "edge" and "best_constant_tokens" in r:
             print(f"{r['profile']} {r['scenario']}: best never-throttling constant {r['best_constant']} "
                   f"-> {r['best_constant_tokens']} tokens; edge {r['tokens']} "
                   f"({_fmt(r.get('edge_fraction_of_best_constant'))}); best constant staying 3 C below "

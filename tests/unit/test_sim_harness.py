@@ -136,3 +136,16 @@ def test_sim_engine_commits_its_kv_cache_at_load_and_frees_it_only_by_unloading(
     for i in range(40):
         eng.step(t_ready + 0.25 * i, 0.25, 1.0)
     assert again.done and eng.unloads == 1 and eng.resident_bytes() == 600
+
+
+def test_no_constant_survives_a_hog_that_needs_the_runtimes_memory(
+        tp: ThroughputModel, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the KV cache committed at load, only giving memory back avoids the OOM killer."""
+    knobs, best = sweep("memory-hog", PROFILE, tp, duration_s=SHORT_S)
+    assert knobs is None and best is None
+    parser = argparse.ArgumentParser()
+    sim_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["sim", "--duration-s", str(SHORT_S), "--scenario", "memory-hog",
+                              "--policy", "edge", "--sweep"])
+    assert args.func(args) == 0
+    assert "no constant setting runs without throttling or an OOM kill" in capsys.readouterr().out
