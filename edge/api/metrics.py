@@ -82,6 +82,8 @@ class _LiveCollector(Collector):
             "edge_knob_active_limit": ("Scheduler knob: active sequence limit", s.knobs.active_limit),
             "edge_knob_threads": ("Scheduler knob: decode threads", s.knobs.n_threads),
             "edge_knob_duty": ("Scheduler knob: duty cycle", s.knobs.duty),
+            "edge_knob_off_threads": ("Scheduler knob: threads for the rest of the duty cycle (0: idle)",
+                                      s.knobs.off_threads),
             "edge_knob_paused": ("Scheduler knob: paused", float(s.knobs.paused)),
             "edge_knob_admit_background": (
                 "Scheduler knob: background admitted",

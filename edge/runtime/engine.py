@@ -130,6 +130,7 @@ class Engine(EngineConveniences, Residency, StepLoop):
         self._vocab: LlamaModel | None = None  # vocab-only model, kept once made (samplers use it)
         self._unload_waiters: list[Any] = []
         self._last_active_s = self._clock.monotonic()
+        self._off_owed_s = 0.0  # off-duty stepping time owed (knobs.off_threads > 0, duty < 1)
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -321,7 +322,8 @@ class Engine(EngineConveniences, Residency, StepLoop):
 
     def apply(self, knobs: Knobs) -> None:
         """New knobs, effective at the next step."""
-        if knobs.active_limit < 0 or knobs.n_threads < 1 or not (0.0 < knobs.duty <= 1.0):
+        if (knobs.active_limit < 0 or knobs.n_threads < 1 or not (0.0 < knobs.duty <= 1.0)
+                or not (0 <= knobs.off_threads < knobs.n_threads)):
             raise InvalidRequest(f"invalid knobs: {knobs}")
         with self._cond:
             self._knobs = knobs

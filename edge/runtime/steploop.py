@@ -71,6 +71,7 @@ class StepLoop:
     _step_no: int
     _runnable: bool
     _freed: bool
+    _off_owed_s: float
     _sample_s: float
     _decode_s: float
     _totals: list[int]
@@ -128,21 +129,32 @@ class StepLoop:
     def _iteration(self, inbox: list[Sequence], knobs: Knobs, cancels: bool, threads_now: int) -> int:
         for seq in inbox:
             heapq.heappush(self._waiting, (seq.key, id(seq), seq))
-        if knobs.n_threads != threads_now:
+        # duty < 1: after a step with n_threads, either idle for the rest of the cycle or, with
+        # off_threads, step with that many threads for as long (fewer threads decode more tokens
+        # per joule where decode is memory-bound; the scheduler picks this from measured figures)
+        mixed = knobs.off_threads > 0 and knobs.duty < 1.0
+        if not mixed:
+            self._off_owed_s = 0.0
+        off_step = mixed and self._off_owed_s > 0.0
+        threads = knobs.off_threads if off_step else knobs.n_threads
+        if threads != threads_now:
             assert self._ctx is not None
-            self._ctx.set_threads(knobs.n_threads)
+            self._ctx.set_threads(threads)
         if cancels:
             self._reap_cancelled()
         if knobs.paused or knobs.active_limit == 0:
             self._runnable = False
             self._publish_stats(0.0, 0.0, 0, 0)
-            return knobs.n_threads
+            return threads
         self._freed = False
         step_s = self._step(knobs)
         self._runnable = bool(self._running) or (bool(self._waiting) and self._freed)
-        if step_s > 0 and knobs.duty < 1.0:
+        if step_s > 0 and mixed:
+            owed = self._off_owed_s - step_s if off_step else step_s * (1.0 - knobs.duty) / knobs.duty
+            self._off_owed_s = max(0.0, owed)
+        elif step_s > 0 and knobs.duty < 1.0:
             self._clock.sleep(step_s * (1.0 - knobs.duty) / knobs.duty)
-        return knobs.n_threads
+        return threads
 
     def _reap_cancelled(self) -> None:
         for sid, seq in list(self._running.items()):

@@ -105,9 +105,11 @@ class Knobs:
 
     active_limit: int  # sequences decoding at once; surplus is parked (KV and output kept)
     n_threads: int
-    duty: float = 1.0  # fraction of wall time spent stepping, (0, 1]; <1 idles between steps
+    duty: float = 1.0  # fraction of wall time spent stepping with n_threads, (0, 1]
     paused: bool = False  # no steps at all; KV kept
     admit_background: bool = True  # start new background sequences
+    # the rest of the duty cycle: 0 idles between steps; k (< n_threads) steps with k threads instead
+    off_threads: int = 0
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ def _applied_load(stats: EngineStats | None, cfg: ControllerConfig) -> float:
     if stats is None or stats.state is not EngineState.READY or stats.knobs.paused:
         return 0.0
     k = stats.knobs
-    return estimated_load(stats.active, k.n_threads, k.duty, cfg.n_slots, cfg.max_threads)
+    return estimated_load(stats.active, k.n_threads, k.duty, cfg.n_slots, cfg.max_threads, k.off_threads)
 
 
 def _guard_reason(inp: ControlInput, t_guard_c: float) -> tuple[str, str] | None:

@@ -22,12 +22,17 @@ from edge.runtime.types import Knobs
 DUTY_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(19))  # 1.0, 0.95, ... 0.1
 
 
-def estimated_load(active: int, threads: int, duty: float, n_slots: int, max_threads: int) -> float:
-    """Rough share of full power: busy cores x time stepping, rising mildly with batch size."""
+def estimated_load(active: int, threads: int, duty: float, n_slots: int, max_threads: int,
+                   off_threads: int = 0) -> float:
+    """Rough share of full power: busy cores x time stepping, rising mildly with batch size.
+
+    With `off_threads`, the rest of the duty cycle steps with that many threads instead of idling.
+    """
     if active <= 0 or duty <= 0:
         return 0.0
     batch = 0.6 + 0.4 * min(active, n_slots) / n_slots
-    return duty * min(threads, max_threads) / max_threads * batch
+    busy = duty * min(threads, max_threads) + (1.0 - duty) * min(max(0, off_threads), max_threads)
+    return busy / max_threads * batch
 
 
 @dataclass(frozen=True)
@@ -45,28 +50,32 @@ def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2,
     """Levels from full speed (index 0) to paused (last index); loads never increase."""
     n_slots, max_threads = max(1, n_slots), max(1, max_threads)
 
-    def lvl(active: int, threads: int, duty: float, bg: bool, label: str) -> Level:
-        load = estimated_load(active, threads, duty, n_slots, max_threads)
-        return Level(Knobs(active, threads, duty, paused=False, admit_background=bg), load, label)
+    def lvl(active: int, threads: int, duty: float, bg: bool, label: str, off: int = 0) -> Level:
+        load = estimated_load(active, threads, duty, n_slots, max_threads, off)
+        knobs = Knobs(active, threads, duty, paused=False, admit_background=bg, off_threads=off)
+        return Level(knobs, load, label + (f", {off} off-duty" if off else ""))
 
     levels = [
         lvl(n_slots, max_threads, 1.0, True, "full"),
         lvl(n_slots, max_threads, 1.0, False, "no new background"),
     ]
-    combos = [(t, d) for t in range(1, max_threads + 1) for d in DUTY_GRID if d >= min_duty - 1e-9]
-    # by estimated load, fewer threads first on ties
-    combos.sort(key=lambda td: (-estimated_load(n_slots, td[0], td[1], n_slots, max_threads), td[0]))
     table = {(t, s): v for t, s, v in decode_tps if v > 0}
+    # (threads, duty, off-duty threads); stepping with fewer threads instead of idling is only
+    # offered where measured figures can tell whether it buys tokens
+    combos = [(t, d, o) for t in range(1, max_threads + 1) for d in DUTY_GRID
+              for o in (range(t) if table and d < 1.0 else (0,)) if o or d >= min_duty - 1e-9]
+    # by estimated load, fewer threads first on ties
+    combos.sort(key=lambda c: (-estimated_load(n_slots, c[0], c[1], n_slots, max_threads, c[2]), c[0]))
     if table:
         combos = _efficient(combos, n_slots, table)
-    for threads, duty in combos:
-        cand = lvl(n_slots, threads, duty, False, f"{threads} threads, duty {duty:g}")
+    for threads, duty, off in combos:
+        cand = lvl(n_slots, threads, duty, False, f"{threads} threads, duty {duty:g}", off)
         if cand.load < levels[-1].load - 0.015:
             levels.append(cand)
     floor = levels[-1].knobs
     for active in range(n_slots - 1, 0, -1):
         cand = lvl(active, floor.n_threads, floor.duty, False,
-                   f"{active} active, {floor.n_threads} threads, duty {floor.duty:g}")
+                   f"{active} active, {floor.n_threads} threads, duty {floor.duty:g}", floor.off_threads)
         if cand.load < levels[-1].load - 0.005:
             levels.append(cand)
     paused = Knobs(1, floor.n_threads, floor.duty, paused=True, admit_background=False)
@@ -74,15 +83,17 @@ def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2,
     return tuple(levels)
 
 
-def _efficient(combos: list[tuple[int, float]], n_slots: int,
-               table: dict[tuple[int, int], float]) -> list[tuple[int, float]]:
-    """Keep the (threads, duty) settings on the efficiency frontier, in the same (load) order.
+def _efficient(combos: list[tuple[int, float, int]], n_slots: int,
+               table: dict[tuple[int, int], float]) -> list[tuple[int, float, int]]:
+    """Keep the (threads, duty, off-duty threads) settings on the efficiency frontier, in load order.
 
     Expected tokens/s of a setting = duty x the measured aggregate decode rate
-    with every slot busy. A setting is dropped when a cheaper one is expected to
-    deliver as many tokens (1 % tolerance): where decode is memory-bound and one
-    thread is nearly as fast as two, one thread at full duty beats two
-    duty-cycled at the same heat. Only threads and duty are traded here: fewer
+    with every slot busy, plus (1 - duty) x the rate at the off-duty threads. A
+    setting is dropped when a cheaper one is expected to deliver as many tokens
+    (1 % tolerance): where decode is memory-bound and one thread is nearly as
+    fast as two, one thread at full duty beats two duty-cycled at the same heat,
+    and two threads part of the time with one thread (not idling) the rest beat
+    both in between. Only threads and duty are traded here: fewer
     active sequences would save heat too, but requests beyond the active limit
     wait for a slot (in `edge sim` chat, p99 time to first token rose from 5 s
     to 16.5 s when the frontier included them), so they stay last on the ladder.
@@ -91,12 +102,12 @@ def _efficient(combos: list[tuple[int, float]], n_slots: int,
         known = [k for k in table if k[0] <= threads and k[1] <= n_slots]
         return table[max(known)] if known else 0.0
 
-    kept: list[tuple[int, float]] = []
+    kept: list[tuple[int, float, int]] = []
     best = 0.0
-    for threads, duty in reversed(combos):  # cheapest first
-        value = duty * rate(threads)
+    for threads, duty, off in reversed(combos):  # cheapest first
+        value = duty * rate(threads) + (1.0 - duty) * (rate(off) if off else 0.0)
         if value > best * 1.01:
-            kept.append((threads, duty))
+            kept.append((threads, duty, off))
             best = value
     return kept[::-1]
 

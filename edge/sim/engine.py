@@ -105,11 +105,11 @@ class SimEngine:
             n_slots=self.n_slots, knobs=k,
         )
 
-    def load(self) -> tuple[int, int, float]:
-        """(active sequences, threads, duty) for the device's power model."""
-        if not self.up or self.knobs.paused:
-            return 0, self.knobs.n_threads, 0.0
-        return self.active_now, self.knobs.n_threads, self.knobs.duty
+    def load(self) -> tuple[int, int, float, int]:
+        """(active sequences, threads, duty, off-duty threads) for the device's power model."""
+        if not self.up or self.knobs.paused or not self.loaded:
+            return 0, self.knobs.n_threads, 0.0, 0
+        return self.active_now, self.knobs.n_threads, self.knobs.duty, self.knobs.off_threads
 
     def step(self, now_s: float, dt_s: float, clock_factor: float) -> StepResult:
         res = StepResult()
@@ -133,56 +133,20 @@ class SimEngine:
             self.slots.append(req)
         active = [] if k.paused else self._active()
         self.active_now = len(active)
-        speed = k.duty * clock_factor  # fraction of wall time doing useful compute
-        budget_s = dt_s * speed
-        if not active or budget_s <= 0:
+        # compute time this step: `duty` of it at n_threads, the rest idle or at off_threads
+        mixed = k.off_threads > 0 and k.duty < 1.0
+        phases = [(k.n_threads, dt_s * k.duty * clock_factor)]
+        if mixed:
+            phases.append((k.off_threads, dt_s * (1.0 - k.duty) * clock_factor))
+        speed = clock_factor if mixed else k.duty * clock_factor  # compute seconds per wall second
+        if not active or speed <= 0:
             self.last_step_tokens, self.last_step_s = 0, dt_s
             return res
-        # Chunked prefill, as a continuous-batching engine does it: a step holds a prompt
-        # chunk (interactive first) plus one token per decoding sequence; a step without
-        # prompts decodes at the measured aggregate rate for that many sequences.
-        prefill_tps = self.tp.prefill_tokens_per_s(k.n_threads)
         start_gen = {id(r): r.generated for r in active}
         first_at: dict[int, float] = {}
         elapsed_s = 0.0
-        while budget_s - elapsed_s > 1e-9:
-            decoding = [r for r in active if r.prefilled >= r.prompt_tokens and not r.done]
-            prefilling = [r for r in active if r.prefilled < r.prompt_tokens]
-            if any(r.priority is Priority.INTERACTIVE and r.first_token_s is None and id(r) not in first_at
-                   for r in active):
-                # an interactive request waits for its first token: no background prompt chunks meanwhile
-                prefilling = [r for r in prefilling if r.priority is Priority.INTERACTIVE]
-            if not decoding and not prefilling:
-                break
-            left_s = budget_s - elapsed_s
-            if prefilling:
-                chunk = min(PREFILL_CHUNK, sum(r.prompt_tokens - r.prefilled for r in prefilling))
-                step_s = (chunk + len(decoding)) / prefill_tps
-                frac = min(1.0, left_s / step_s)
-                todo = chunk * frac
-                for req in prefilling:
-                    take = min(req.prompt_tokens - req.prefilled, todo)
-                    req.prefilled += take
-                    todo -= take
-                    if req.prompt_tokens - req.prefilled < 1e-6:
-                        req.prefilled = float(req.prompt_tokens)
-                gain = {id(r): frac for r in decoding}
-                span_s = step_s * frac
-            else:
-                per_seq = self.tp.decode_tokens_per_s(len(decoding), k.n_threads) / len(decoding)
-                span_s = min(left_s, min((r.gen_tokens - r.generated) / per_seq for r in decoding))
-                span_s = max(span_s, 1e-6)
-                gain = {id(r): per_seq * span_s for r in decoding}
-            for req in decoding:
-                g = gain[id(req)]
-                before = req.generated
-                req.generated = min(float(req.gen_tokens), before + g)
-                if req.first_token_s is None and id(req) not in first_at and req.generated >= 1.0 and g > 0:
-                    first_at[id(req)] = elapsed_s + span_s * min(1.0, (1.0 - before) / g)
-                if req.gen_tokens - req.generated < 1e-6:
-                    req.generated = float(req.gen_tokens)
-                    req.done = True
-            elapsed_s += span_s
+        for threads, budget_s in phases:
+            elapsed_s = self._compute(active, threads, elapsed_s, elapsed_s + budget_s, first_at)
         t_end = now_s + dt_s
         for req in active:
             n_new = int(req.generated) - int(start_gen[id(req)])
@@ -202,3 +166,50 @@ class SimEngine:
             res.finished.append(req)
         self.last_step_tokens, self.last_step_s = res.tokens, dt_s
         return res
+
+    def _compute(self, active: list[SimRequest], threads: int, elapsed_s: float, end_s: float,
+                 first_at: dict[int, float]) -> float:
+        """Advance the active requests with `threads` from compute time `elapsed_s` to `end_s`."""
+        # Chunked prefill, as a continuous-batching engine does it: a step holds a prompt
+        # chunk (interactive first) plus one token per decoding sequence; a step without
+        # prompts decodes at the measured aggregate rate for that many sequences.
+        prefill_tps = self.tp.prefill_tokens_per_s(threads)
+        while end_s - elapsed_s > 1e-9:
+            decoding = [r for r in active if r.prefilled >= r.prompt_tokens and not r.done]
+            prefilling = [r for r in active if r.prefilled < r.prompt_tokens]
+            if any(r.priority is Priority.INTERACTIVE and r.first_token_s is None and id(r) not in first_at
+                   for r in active):
+                # an interactive request waits for its first token: no background prompt chunks meanwhile
+                prefilling = [r for r in prefilling if r.priority is Priority.INTERACTIVE]
+            if not decoding and not prefilling:
+                break
+            left_s = end_s - elapsed_s
+            if prefilling:
+                chunk = min(PREFILL_CHUNK, sum(r.prompt_tokens - r.prefilled for r in prefilling))
+                step_s = (chunk + len(decoding)) / prefill_tps
+                frac = min(1.0, left_s / step_s)
+                todo = chunk * frac
+                for req in prefilling:
+                    take = min(req.prompt_tokens - req.prefilled, todo)
+                    req.prefilled += take
+                    todo -= take
+                    if req.prompt_tokens - req.prefilled < 1e-6:
+                        req.prefilled = float(req.prompt_tokens)
+                gain = {id(r): frac for r in decoding}
+                span_s = step_s * frac
+            else:
+                per_seq = self.tp.decode_tokens_per_s(len(decoding), threads) / len(decoding)
+                span_s = min(left_s, min((r.gen_tokens - r.generated) / per_seq for r in decoding))
+                span_s = max(span_s, 1e-6)
+                gain = {id(r): per_seq * span_s for r in decoding}
+            for req in decoding:
+                g = gain[id(req)]
+                before = req.generated
+                req.generated = min(float(req.gen_tokens), before + g)
+                if req.first_token_s is None and id(req) not in first_at and req.generated >= 1.0 and g > 0:
+                    first_at[id(req)] = elapsed_s + span_s * min(1.0, (1.0 - before) / g)
+                if req.gen_tokens - req.generated < 1e-6:
+                    req.generated = float(req.gen_tokens)
+                    req.done = True
+            elapsed_s += span_s
+        return elapsed_s

@@ -72,11 +72,15 @@ class ThroughputModel:
         t = min(known, key=lambda k: (abs(k - threads), k))
         return self.prefill_tps[t]
 
-    def utilisation(self, sequences: int, threads: int, duty: float) -> float:
+    def utilisation(self, sequences: int, threads: int, duty: float, off_threads: int = 0) -> float:
+        """Power share of a duty cycle: `duty` of the time at `threads`, the rest at `off_threads`."""
         key = ("u", sequences, threads, duty)
         if key not in self._memo:
             self._memo[key] = self._utilisation(sequences, threads, duty)
-        return self._memo[key]
+        on = self._memo[key]
+        if off_threads <= 0 or duty >= 1.0:
+            return on
+        return on + (1.0 - duty) * self.utilisation(sequences, off_threads, 1.0)
 
     def _utilisation(self, sequences: int, threads: int, duty: float) -> float:
         """Fraction of the device's dynamic power drawn by this load, in [0, 1].

@@ -10,7 +10,8 @@ physics is deliberately simple and documented so results can be checked by hand:
   die->sink / sink->ambient, steady state is still T_amb + R*P. The fast die
   is why the controller forecasts instead of reacting to the current value.
 * power: P = P_idle + (P_max - P_idle) * f * clock^1.5, with f the utilisation of
-  the running work (sequences, threads, duty) from the measured throughput model.
+  the running work (sequences, threads, duty, off-duty threads) from the measured
+  throughput model.
 * hardware throttling: at the passive trip the clock drops to `throttle_clock`
   (tokens slow down and power falls); it recovers below trip - hysteresis.
 * memory: total - OS base - engine - hog; PSI avg10 values are 10 s exponential
@@ -45,6 +46,7 @@ class DeviceLoad:
     active: int = 0
     threads: int = 1
     duty: float = 1.0
+    off_threads: int = 0  # threads stepping in the rest of the duty cycle (0: idle)
 
 
 class SimulatedDevice:
@@ -92,8 +94,8 @@ class SimulatedDevice:
         self.psi_full_avg10 = 0.0
 
     # --- inputs ---------------------------------------------------------
-    def set_load(self, active: int, threads: int, duty: float = 1.0) -> None:
-        self.load = DeviceLoad(max(0, active), max(1, threads), min(1.0, max(0.0, duty)))
+    def set_load(self, active: int, threads: int, duty: float = 1.0, off_threads: int = 0) -> None:
+        self.load = DeviceLoad(max(0, active), max(1, threads), min(1.0, max(0.0, duty)), max(0, off_threads))
 
     def set_engine_memory(self, mem_bytes: int) -> None:
         self.engine_bytes = max(0, mem_bytes)
@@ -112,7 +114,7 @@ class SimulatedDevice:
     @property
     def utilisation(self) -> float:
         ld = self.load
-        return self.throughput.utilisation(ld.active, ld.threads, ld.duty)
+        return self.throughput.utilisation(ld.active, ld.threads, ld.duty, ld.off_threads)
 
     @property
     def power_w(self) -> float:
@@ -238,7 +240,7 @@ def load_from_stats(stats: EngineStats) -> DeviceLoad:
     k = stats.knobs
     if k.paused or stats.state is not EngineState.READY:
         return DeviceLoad(0, k.n_threads, 0.0)
-    return DeviceLoad(stats.active, k.n_threads, k.duty)
+    return DeviceLoad(stats.active, k.n_threads, k.duty, k.off_threads)
 
 
 class SimulatedSource:
@@ -278,7 +280,7 @@ class SimulatedSource:
             if isinstance(got, EngineStats):
                 got = load_from_stats(got)
             if got is not None:
-                self.device.set_load(got.active, got.threads, got.duty)
+                self.device.set_load(got.active, got.threads, got.duty, got.off_threads)
         return self.device.sample(now_s, self.name)
 
     def status(self) -> dict[str, float | int | str]:

@@ -175,6 +175,34 @@ def test_pause_duty_and_background_admission(smollm2_path: Path) -> None:
         eng.submit(_req(COUNT, 4))
 
 
+def test_off_duty_threads_alternate_instead_of_idling(smollm2_path: Path) -> None:
+    """duty 0.5 with off_threads=1: steps alternate 2 and 1 threads, with no idle sleeps."""
+    clock = ManualClock()
+    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2, clock=clock) as eng:
+        assert eng.complete(COUNT, temperature=0.0, max_tokens=2).text.startswith(" 8")  # context exists
+        ctx = eng._ctx
+        assert ctx is not None
+        seen: list[int] = []
+        real_set = ctx.set_threads
+
+        def spy(n: int) -> None:
+            seen.append(n)
+            real_set(n)
+
+        ctx.set_threads = spy  # type: ignore[method-assign]
+        with pytest.raises(InvalidRequest):
+            eng.apply(Knobs(active_limit=2, n_threads=2, duty=0.5, off_threads=2))  # must be fewer
+        eng.apply(Knobs(active_limit=2, n_threads=2, duty=0.5, off_threads=1))
+        sleeps_before = len(clock.sleeps_s)
+        out = eng.complete(COUNT, temperature=0.0, max_tokens=24)
+        assert out.text.startswith(" 8") and out.usage.completion_tokens == 24
+        assert seen.count(1) >= 4 and seen.count(2) >= 4  # switched back and forth (calls are changes)
+        assert len(clock.sleeps_s) == sleeps_before  # stepping with fewer threads, not idling
+        eng.apply(Knobs(active_limit=2, n_threads=2, duty=0.5))  # plain duty cycle idles again
+        eng.complete(COUNT, temperature=0.0, max_tokens=4)
+        assert len(clock.sleeps_s) > sleeps_before
+
+
 def test_from_settings_validates_and_plans(smollm2_path: Path, tmp_path: Path) -> None:
     from edge.config import Settings
     from edge.errors import InsufficientMemory, InvalidGGUF

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from edge.runtime.types import Knobs
-from edge.scheduler.policy import build_ladder
+from edge.scheduler.policy import build_ladder, estimated_load
 from edge.sim.throughput import load_throughput
 
 # one thread decodes 8 sequences at 60 tok/s, two threads at 80: decode is mostly memory-bound
@@ -14,7 +14,8 @@ TABLE = tuple((t, s, (60.0 if t == 1 else 80.0) * (0.6 + 0.05 * s)) for t in (1,
 
 def _expected_tps(knobs: Knobs) -> float:
     rates = {(t, s): v for t, s, v in TABLE}
-    return knobs.duty * rates[(knobs.n_threads, knobs.active_limit)]
+    off = rates[(knobs.off_threads, knobs.active_limit)] if knobs.off_threads else 0.0
+    return knobs.duty * rates[(knobs.n_threads, knobs.active_limit)] + (1.0 - knobs.duty) * off
 
 
 def test_ladder_shape_without_figures() -> None:
@@ -23,12 +24,19 @@ def test_ladder_shape_without_figures() -> None:
     assert loads == sorted(loads, reverse=True)
     assert ladder[0].knobs.admit_background and not ladder[1].knobs.admit_background
     assert ladder[-1].knobs.paused and ladder[-1].load == 0.0
-    # two threads are duty-cycled down to the tie with one thread (estimated load only)
+    # two threads are duty-cycled down to the tie with one thread (estimated load only), idling
     two_thread_duties = [lv.knobs.duty for lv in ladder[2:-1] if lv.knobs.n_threads == 2]
     assert min(two_thread_duties) <= 0.55
+    assert all(lv.knobs.off_threads == 0 for lv in ladder)
 
 
-def test_measured_figures_drop_dominated_levels() -> None:
+def test_off_duty_threads_count_in_the_load_estimate() -> None:
+    idle = estimated_load(8, 2, 0.6, 8, 2)
+    mixed = estimated_load(8, 2, 0.6, 8, 2, off_threads=1)
+    assert idle == 0.6 and abs(mixed - (0.6 + 0.4 * 0.5)) < 1e-12
+
+
+def test_measured_figures_keep_only_the_efficiency_frontier() -> None:
     plain, ladder = build_ladder(8, 2), build_ladder(8, 2, decode_tps=TABLE)
     running = ladder[2:-1]
     loads = [lv.load for lv in ladder]
@@ -38,10 +46,14 @@ def test_measured_figures_drop_dominated_levels() -> None:
     full_slots = [lv for lv in running if lv.knobs.active_limit == 8]
     tps = [_expected_tps(lv.knobs) for lv in full_slots]
     assert all(a > b * 1.01 for a, b in itertools.pairwise(tps))
-    # two threads duty-cycled below 60/80 = 0.75 give fewer tokens than one thread at full duty: gone
-    assert all(lv.knobs.duty >= 0.75 for lv in running if lv.knobs.n_threads == 2)
-    assert any(lv.knobs.n_threads == 1 and lv.knobs.duty == 1.0 for lv in running)
-    assert len(ladder) < len(plain)
+    # between one and two threads, two threads part of the time and one thread (not idling) the
+    # rest: at the same estimated load that beats two threads idling (80 x 0.75 = 60 tok/s)
+    mid = next(lv for lv in running if abs(lv.load - 0.75) < 0.013)
+    assert mid.knobs.n_threads == 2 and mid.knobs.off_threads == 1 and "off-duty" in mid.label
+    assert _expected_tps(mid.knobs) > 0.75 * 80.0 * 1.1
+    # below one thread at full duty nothing has an off-duty part (there is no cheaper thread count)
+    one = next(i for i, lv in enumerate(running) if lv.knobs.n_threads == 1 and lv.knobs.duty == 1.0)
+    assert all(lv.knobs.off_threads == 0 for lv in running[one:])
     # fewer sequences stay last, below the floor of threads x duty
     first_fewer = next(i for i, lv in enumerate(running) if lv.knobs.active_limit < 8)
     assert all(lv.knobs.active_limit < 8 for lv in running[first_fewer:])
@@ -52,6 +64,8 @@ def test_calibration_table_covers_every_knob() -> None:
     table = tp.decode_table(8)
     assert {(t, s) for t, s, _ in table} == {(t, s) for t in (1, 2) for s in range(1, 9)}
     assert all(v == round(tp.decode_tokens_per_s(s, t), 2) for t, s, v in table)
-    # the shipped calibration is such a case: one thread at full duty replaces two at low duty
+    # the simulated device charges an off-duty part as the controller estimates it
+    mixed = tp.utilisation(8, 2, 0.6, off_threads=1)
+    assert mixed == tp.utilisation(8, 2, 0.6) + 0.4 * tp.utilisation(8, 1, 1.0)
     ladder = build_ladder(8, 2, decode_tps=table)
-    assert min(lv.knobs.duty for lv in ladder[2:-1] if lv.knobs.n_threads == 2) > 0.55
+    assert any(lv.knobs.off_threads == 1 for lv in ladder)

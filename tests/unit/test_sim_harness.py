@@ -149,3 +149,26 @@ def test_no_constant_survives_a_hog_that_needs_the_runtimes_memory(
                               "--policy", "edge", "--sweep"])
     assert args.func(args) == 0
     assert "no constant setting runs without throttling or an OOM kill" in capsys.readouterr().out
+
+
+def test_sim_engine_off_duty_threads_decode_between_idle_and_full(tp: ThroughputModel) -> None:
+    from edge.runtime.types import Knobs, Priority
+    from edge.sim.engine import SimEngine
+    from edge.sim.workloads import Client, SimRequest
+
+    def tokens(knobs: Knobs) -> tuple[int, tuple[int, int, float, int]]:
+        eng = SimEngine(tp, 8, knobs, model_bytes=0, kv_bytes_per_cell=0, kv_cells_total=1 << 16)
+        client = Client("c", Priority.BACKGROUND, (1, 1), (10_000, 10_000))
+        for rid in range(8):
+            req = SimRequest(rid, client, Priority.BACKGROUND, 1, 10_000, 0.0)
+            req.prefilled = 1.0
+            eng.submit(req)
+        total = sum(eng.step(0.25 * i, 0.25, 1.0).tokens for i in range(40))  # 10 s
+        return total, eng.load()
+
+    idle, idle_load = tokens(Knobs(8, 2, 0.5))
+    mixed, mixed_load = tokens(Knobs(8, 2, 0.5, off_threads=1))
+    full, _ = tokens(Knobs(8, 2, 1.0))
+    expect = 10 * (0.5 * tp.decode_tokens_per_s(8, 2) + 0.5 * tp.decode_tokens_per_s(8, 1))
+    assert idle < mixed < full and abs(mixed - expect) <= 0.02 * expect
+    assert mixed_load == (8, 2, 0.5, 1) and idle_load == (8, 2, 0.5, 0)
