@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
                                         cache=cache)
                     info[key] = None if knobs is None else {
                         "active": knobs.active_limit, "threads": knobs.n_threads, "duty": knobs.duty,
+                        "off_threads": knobs.off_threads,
                         "max_temp_c": None if best is None else round(best.max_temp_c, 2)}
                     info[f"{key}_tokens"] = None if best is None else best.tokens
                     if edge_row is not None and best is not None and best.tokens:

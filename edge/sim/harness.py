@@ -276,11 +276,11 @@ def sweep(scenario: Scenario | str, profile: str | DeviceProfile, tp: Throughput
           duration_s: float = 1800.0, seed: int = 7,
           progress: Callable[[str], None] | None = None, strict: bool = False,
           cache: dict[Knobs, RunMetrics] | None = None) -> tuple[Knobs | None, RunMetrics | None]:
-    """Best constant (active x threads x duty) that never throttles and never OOMs, by tokens.
+    """Best constant (active x threads x duty x off-duty threads) that never throttles or OOMs, by tokens.
 
     With `strict`, the constant must also never come within 3 C of the limit: the
     safety line edge itself is held to, so the comparison is like for like. For
-    each (active, threads) the highest safe duty is found by bisection over a 0.1
+    each (active, threads, off-duty threads) the highest safe duty is found by bisection over a 0.1
     grid (heat rises with duty); `cache` shares runs between the two criteria.
     """
     cache = {} if cache is None else cache
@@ -291,12 +291,15 @@ def sweep(scenario: Scenario | str, profile: str | DeviceProfile, tp: Throughput
 
     duties = [round(0.1 * i, 1) for i in range(2, 11)]
     best: tuple[Knobs | None, RunMetrics | None] = (None, None)
-    for threads in range(1, tp.max_threads + 1):
+    for threads, off in ((t, o) for t in range(1, tp.max_threads + 1) for o in range(t)):
         for active in sorted({1, 2, 3, 4, 6, N_SLOTS}):
             lo, hi, found = 0, len(duties) - 1, None
             while lo <= hi:
                 mid = (lo + hi) // 2
-                knobs = Knobs(active, threads, duties[mid])
+                if off and duties[mid] >= 1.0:
+                    hi = mid - 1  # duty 1 has no off-duty part: the off = 0 pass covers it
+                    continue
+                knobs = Knobs(active, threads, duties[mid], off_threads=off)
                 if knobs not in cache:
                     cache[knobs] = run_scenario(scenario, "constant", profile, tp, duration_s, seed,
                                                 knobs=knobs, stop_on_throttle=True)
