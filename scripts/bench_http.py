@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,13 +182,13 @@ def start_server(model: Path, args: argparse.Namespace) -> tuple[subprocess.Pope
     raise SystemExit("server did not become ready")
 
 
-def concurrent_engine(engine: object, n: int, bias: dict[int, float], k: int) -> float:
-    """Aggregate tokens/s of k sequences submitted to the engine directly (no HTTP)."""
+def concurrent_rate(run_one: Callable[[], Run], k: int) -> float:
+    """Aggregate tokens/s of k runs of `run_one` in parallel threads (engine or HTTP, same loop)."""
     runs: list[Run] = []
     lock = threading.Lock()
 
     def worker() -> None:
-        r = engine_run(engine, PROMPT, n, bias)
+        r = run_one()
         with lock:
             runs.append(r)
 
@@ -209,25 +210,6 @@ def server_ttft_s(url: str) -> tuple[float, float]:
         elif line.startswith("edge_ttft_seconds_count"):
             count = float(line.split()[1])
     return total, count
-
-
-def concurrent_http(url: str, model: str, n: int, bias: dict[int, float], k: int) -> float:
-    runs: list[Run] = []
-    lock = threading.Lock()
-
-    def worker() -> None:
-        r = http_run(url, model, n, bias)
-        with lock:
-            runs.append(r)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(k)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall_s = time.perf_counter() - t0
-    return sum(r.n_tokens for r in runs) / wall_s
 
 
 def main() -> int:
@@ -268,8 +250,8 @@ def main() -> int:
             http_ttft.append(http_ttft_raw(url, model_id, bias))
             s1, c1 = server_ttft_s(url)
             srv_ttft.append((s1 - s0) / max(1.0, c1 - c0))
-            eng_aggs.append(concurrent_engine(engine, args.tokens, bias, 4))
-            aggs.append(concurrent_http(url, model_id, args.tokens, bias, 4))
+            eng_aggs.append(concurrent_rate(lambda: engine_run(engine, PROMPT, args.tokens, bias), 4))
+            aggs.append(concurrent_rate(lambda: http_run(url, model_id, args.tokens, bias), 4))
         med = statistics.median
         e_rate, h_rate, agg = med(eng_rates), med(http_rates), med(aggs)
         e_ttft, h_ttft, s_ttft, e_agg = med(eng_ttft), med(http_ttft), med(srv_ttft), med(eng_aggs)
