@@ -5,7 +5,7 @@ The control law (design/thermal.md, after Linux's power_allocator governor and
 Android's thermal headroom forecast):
 
     T_lim = lowest passive trip (else profile);  T_set = T_lim - margin;  T_on = T_set - band
-    T_hat = T + h * dT/dt                                   (forecast, h ~ 15 s)
+    T_hat = T + h * dT/dt                                   (forecast, h ~ 10 s)
     u     = u_sus + k * (T_set - T_hat) - k_i * I           (k = k_pu or k_po times u_sus)
     I     integrates (T_hat - T_set), clamped both ways (anti-windup); below target only while
           the cap binds and T is near target, else it bleeds off

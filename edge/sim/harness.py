@@ -201,7 +201,8 @@ class _Run:
             if d.unload:
                 self.engine.unload()  # ... so an eviction finds the engine empty
 
-    def run(self, stop_on_throttle: bool = False) -> RunMetrics:
+    def run(self, stop_when_unsafe: bool = False) -> RunMetrics:
+        """Step the whole scenario; `stop_when_unsafe` ends it at the first OOM or hardware throttle."""
         n_steps = round(self.duration_s / DT_S)
         next_control_s = 0.0
         dev, eng, m = self.device, self.engine, self.m
@@ -236,14 +237,14 @@ class _Run:
                         ticket.release()
                     self._retry(req, t + USER_RETRY_AFTER_LOSS_S)
                 dev.set_engine_memory(0)
-                if stop_on_throttle:
-                    break  # the sweep only needs to know the setting is unsafe
+                if stop_when_unsafe:
+                    break
             m.max_temp_c = max(m.max_temp_c, dev.temp_c)
             if dev.temp_c >= limit_c - 3.0:
                 m.seconds_above_limit_minus_3 += DT_S
             if dev.hw_throttled:
                 m.seconds_hw_throttled += DT_S
-                if stop_on_throttle:
+                if stop_when_unsafe:
                     break
         m.p50_token_latency_s = weighted_percentile(self.latencies, 0.5)
         m.p99_token_latency_s = weighted_percentile(self.latencies, 0.99)
@@ -258,13 +259,13 @@ class _Run:
 
 def run_scenario(scenario: Scenario | str, policy: str, profile: str | DeviceProfile, tp: ThroughputModel,
                  duration_s: float = 1800.0, seed: int = 7, knobs: Knobs | None = None,
-                 config: ControllerConfig | None = None, stop_on_throttle: bool = False,
+                 config: ControllerConfig | None = None, stop_when_unsafe: bool = False,
                  workload: str | None = None) -> RunMetrics:
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     prof = load_profile(profile) if isinstance(profile, str) else profile
     pol = make_policy(policy, prof, tp, config=config, knobs=knobs)
     run = _Run(sc, pol, prof, tp, duration_s, seed, workload or sc.workload)
-    m = run.run(stop_on_throttle=stop_on_throttle)
+    m = run.run(stop_when_unsafe=stop_when_unsafe)
     if sc.baseline_workload and workload is None and policy == "edge":
         base = run_scenario(sc, policy, prof, tp, duration_s, seed, config=config,
                             workload=sc.baseline_workload)
@@ -292,17 +293,15 @@ def sweep(scenario: Scenario | str, profile: str | DeviceProfile, tp: Throughput
     duties = [round(0.1 * i, 1) for i in range(2, 11)]
     best: tuple[Knobs | None, RunMetrics | None] = (None, None)
     for threads, off in ((t, o) for t in range(1, tp.max_threads + 1) for o in range(t)):
+        grid = duties[:-1] if off else duties  # duty 1 has no off-duty part: off = 0 covers it
         for active in sorted({1, 2, 3, 4, 6, N_SLOTS}):
-            lo, hi, found = 0, len(duties) - 1, None
+            lo, hi, found = 0, len(grid) - 1, None
             while lo <= hi:
                 mid = (lo + hi) // 2
-                if off and duties[mid] >= 1.0:
-                    hi = mid - 1  # duty 1 has no off-duty part: the off = 0 pass covers it
-                    continue
-                knobs = Knobs(active, threads, duties[mid], off_threads=off)
+                knobs = Knobs(active, threads, grid[mid], off_threads=off)
                 if knobs not in cache:
                     cache[knobs] = run_scenario(scenario, "constant", profile, tp, duration_s, seed,
-                                                knobs=knobs, stop_on_throttle=True)
+                                                knobs=knobs, stop_when_unsafe=True)
                 m = cache[knobs]
                 if safe(m):
                     found, lo = (knobs, m), mid + 1
