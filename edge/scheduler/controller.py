@@ -4,12 +4,19 @@ No I/O and no clock reads: time comes in the reading, history in the state.
 The control law (design/thermal.md, after Linux's power_allocator governor and
 Android's thermal headroom forecast):
 
-    T_lim = lowest passive trip (else profile);  T_set = T_lim - margin;  T_on = T_set - band
+    T_lim = lowest passive trip (else profile);  T_set = T_lim - margin - m_learn;  T_on = T_set - band
     T_hat = T + h * dT/dt                                   (forecast, h ~ 10 s)
     u     = u_sus + k * (T_set - T_hat) - k_i * I           (k = k_pu or k_po times u_sus)
     I     integrates (T_hat - T_set), clamped both ways (anti-windup); below target only while
-          the cap binds and T is near target, else it bleeds off
+          the cap binds and T is near target and not rising, else it bleeds off
     u_sus learned as the load at which dT/dt ~ 0 near T_set
+    m_learn extra margin while u_sus is still a guess, shrinking to 0 over a minute of learning
+
+A temperature guard trip is evidence too: the load that ran into it was not
+sustainable, so u_sus drops below it at once, the integral loses any credit it
+built under target, and the extra margin comes back until u_sus is relearned.
+Without that, the controller climbed back from the guard on its old guess and
+tripped again every ~30 s after a fan failure in `edge sim`.
 
 The budget picks a level on the actuator ladder (policy.py) with hysteresis and
 a rate limit; hard guards skip all that and pause. Final allowed work is the
@@ -66,6 +73,7 @@ from edge.telemetry.sample import PressureLevel
 
 MAX_UP_LOAD_STEP = 0.15  # one upward change raises the estimated load by at most this much
 DEFAULT_COOLDOWN_S = 10.0
+GUARD_U_SUS_FACTOR = 0.8  # after a guard trip, the sustainable load is at most this share of what ran
 BINDING_FRACTION = 0.8  # the cap binds when the engine runs at >= this share of the level's load
 
 
@@ -125,7 +133,10 @@ def decide(
     since_change = math.inf if state.last_change_s is None else now - state.last_change_s
 
     t_lim = inp.limit_c if inp.limit_c is not None else cfg.limit_c
-    t_set, t_guard = t_lim - cfg.margin_c, t_lim - cfg.guard_band_c
+    # until the sustainable load is learned the PI runs on a guess: keep a wider margin meanwhile
+    learned_s = state.learned_s
+    unsure = cfg.learning_margin_c * max(0.0, 1.0 - learned_s / cfg.learn_confidence_s)
+    t_set, t_guard = t_lim - cfg.margin_c - unsure, t_lim - cfg.guard_band_c
     t_on = t_set - cfg.on_band_c
     resume_c = t_guard - cfg.guard_release_c
 
@@ -137,6 +148,14 @@ def decide(
     temp_known = inp.temp_c is not None and not inp.stale
 
     if guard is not None:
+        if state.mode is not ThermalMode.GUARD and guard[0] == "guard:temperature":
+            # the load that ran into the guard was not sustainable: learn that at once, and drop
+            # any credit the integral had built below target
+            ran = _applied_load(stats, cfg)
+            if ran > 0:
+                u_sus = min(u_sus, ran * GUARD_U_SUS_FACTOR)
+            integral = max(0.0, integral)
+            learned_s = 0.0
         mode, level, reason = ThermalMode.GUARD, paused_idx, guard[1]
         tags.append(guard[0])
         budget = 0.0
@@ -181,7 +200,7 @@ def decide(
                    and _applied_load(stats, cfg) >= BINDING_FRACTION * ladder[state.level].load)
         if err > 0:
             integral = min(cfg.integral_max_c_s, integral + err * dt)
-        elif binding and temp > t_set - cfg.integral_band_c:
+        elif binding and temp > t_set - cfg.integral_band_c and slope <= cfg.u_sus_slope_c_per_s:
             integral = max(cfg.integral_min_c_s, integral + err * dt)
         else:
             integral *= math.exp(-dt / cfg.integral_decay_s)
@@ -191,6 +210,7 @@ def decide(
         if (abs(temp - t_set) <= cfg.u_sus_band_c and abs(slope) <= cfg.u_sus_slope_c_per_s
                 and allowed > 0 and _applied_load(stats, cfg) > 0 and dt > 0):
             u_sus += cfg.u_sus_rate * (allowed - u_sus) * min(1.0, dt)
+            learned_s += dt
         cool = temp < t_on and forecast < t_set
         if cool:
             budget = budget_up = 1.0
@@ -283,6 +303,7 @@ def decide(
         mem_short_at_s=short_at,
         mem_prev=None if inp.mem_available_bytes is None else (now, inp.mem_available_bytes),
         evicted=evict,
+        learned_s=learned_s,
     )
     decision = Decision(
         knobs=knobs,

@@ -20,7 +20,8 @@ from edge.scheduler.state import (
 from edge.telemetry.sample import PressureLevel, Sample
 from tests.fakes import engine_stats
 
-CFG = ControllerConfig(n_slots=8, max_threads=2, limit_c=99.0, reserve_bytes=1 << 30)
+# learning margin off: the other tests pin T_set; its own test below turns it on
+CFG = ControllerConfig(n_slots=8, max_threads=2, limit_c=99.0, reserve_bytes=1 << 30, learning_margin_c=0.0)
 T_SET = 99.0 - CFG.margin_c
 T_ON = T_SET - CFG.on_band_c
 T_GUARD = 99.0 - CFG.guard_band_c
@@ -363,3 +364,62 @@ def test_controller_remembers_psi_so_a_past_hog_releases_admission_early() -> No
     d2, _ = decide(inp(200.0, 50.0, mem_available_bytes=plenty, psi_some_avg10=45.0, psi_full_avg10=13.0),
                    Q, None, late, CFG)
     assert d2.memory is MemoryMode.SHED
+
+
+def test_guard_trip_teaches_the_sustainable_load_and_drops_credit() -> None:
+    """The load that ran into the guard was not sustainable: the climb back starts from below it.
+
+    Before: u_sus stayed at its old guess and the integral kept its credit, so after a fan
+    failure the controller climbed straight back into the guard every ~30 s.
+    """
+    ladder = ladder_for(CFG)
+    level = 6
+    ran = ladder[level].load
+    st = ControllerState(mode=ThermalMode.LIMITING, level=level, last_change_s=0.0, last_t_s=9.0,
+                         u_sus=1.0, integral_c_s=-40.0, learned_s=500.0)
+    d, st2 = decide(inp(10.0, T_GUARD + 0.1), Q, stats(ladder[level].knobs), st, CFG)
+    assert d.mode is ThermalMode.GUARD
+    assert st2.u_sus == pytest.approx(0.8 * ran) and st2.u_sus < ran
+    assert st2.integral_c_s == 0.0 and st2.learned_s == 0.0
+    # staying in the guard teaches nothing more; other guards (no temperature scale) teach nothing
+    _, st3 = decide(inp(11.0, T_GUARD + 0.2), Q, stats(ladder[-1].knobs, active=0), st2, CFG)
+    assert st3.u_sus == st2.u_sus
+    _, st4 = decide(inp(10.0, T_ON - 10, kernel_throttling=True), Q, stats(ladder[level].knobs), st, CFG)
+    assert st4.u_sus == 1.0 and st4.integral_c_s == -40.0
+
+
+def test_integral_earns_no_credit_below_target_while_the_temperature_rises() -> None:
+    """Rising towards target is not a steady offset: winding down then only adds overshoot."""
+    ladder = ladder_for(CFG)
+    level = len(ladder) // 2
+    cfg = replace(CFG, up_interval_s=1e9, down_interval_s=1e9)
+    flat = rising = ControllerState(mode=ThermalMode.LIMITING, level=level, last_change_s=0.0, last_t_s=0.0,
+                                    u_sus=0.5)
+    for t in range(1, 60):
+        _, flat = decide(inp(float(t), T_SET - 1.0, slope=0.0), Q, stats(ladder[level].knobs), flat, cfg)
+        _, rising = decide(inp(float(t), T_SET - 1.0, slope=0.05), Q, stats(ladder[level].knobs), rising, cfg)
+    assert flat.integral_c_s < -10.0
+    assert rising.integral_c_s == 0.0
+
+
+def test_target_starts_wider_until_the_sustainable_load_is_learned() -> None:
+    cfg = replace(CFG, learning_margin_c=1.0, learn_confidence_s=60.0, up_interval_s=1e9,
+                  down_interval_s=1e9)
+    final = 99.0 - cfg.margin_c
+    (d0,), st = run([inp(0, T_ON - 5)], cfg=cfg)
+    assert d0.t_set_c == pytest.approx(final - 1.0)  # a fresh controller has only a guess
+    level = 12
+    st = ControllerState(mode=ThermalMode.LIMITING, level=level, last_change_s=0.0, last_t_s=0.0)
+    half = None
+    for t in range(1, 100):
+        d, st = decide(inp(float(t), final - 0.5), Q, stats(ladder_for(cfg)[level].knobs), st, cfg)
+        if t == 31:
+            half = d.t_set_c
+    assert half is not None and final - 1.0 < half < final  # the margin shrinks as it learns ...
+    assert d.t_set_c == pytest.approx(final) and st.learned_s >= 60.0  # ... to the configured one
+    # an idle engine teaches nothing, so the margin stays wide
+    idle = ControllerState(mode=ThermalMode.LIMITING, level=level, last_change_s=0.0, last_t_s=0.0)
+    for t in range(1, 100):
+        d_idle, idle = decide(inp(float(t), final - 0.5), Q, stats(ladder_for(cfg)[level].knobs, active=0),
+                              idle, cfg)
+    assert d_idle.t_set_c == pytest.approx(final - 1.0)
