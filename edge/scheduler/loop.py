@@ -193,6 +193,8 @@ class SchedulerLoop:
             "thermal_control_available": None if mode is None else mode is not ThermalMode.UNAVAILABLE,
             "u_sus": round(self.state.u_sus, 3),
             "integral_c_s": round(self.state.integral_c_s, 2),
+            # learning time near target; under a minute, T_set sits up to learning_margin_c lower
+            "u_sus_learned_s": round(self.state.learned_s, 1),
             "temp_c": None if r is None else r.temp_c,
             "slope_c_per_s": None if r is None else r.slope_c_per_s,
             "telemetry_stale": None if r is None else r.stale,

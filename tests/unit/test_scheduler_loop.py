@@ -73,6 +73,7 @@ def test_tick_applies_knobs_logs_and_reports(caplog) -> None:
     st = loop.status()
     assert st["decision"]["mode"] == "guard" and st["decision"]["knobs"]["paused"] is True
     assert st["throttle_events"] == {"guard:temperature": 1} and st["temp_c"] == 98.0
+    assert st["u_sus_learned_s"] == 0.0  # nothing learned yet, and a guard trip resets it anyway
     assert loop.interval_s() == FAST_INTERVAL_S
 
 
