@@ -25,6 +25,7 @@ import llama_cpp as L
 import numpy as np
 
 from edge.errors import DecodeFailed, ModelLoadError
+from edge.runtime.model import extra_buffers
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "configs" / "throughput" / "cpu-2core-smollm2.json"
 PROMPT = ("You are a helpful assistant. Explain in a few sentences why the sky is blue, "
@@ -40,6 +41,7 @@ class _Context:
         L.llama_log_set(_log_cb, ctypes.c_void_p(0))
         L.llama_backend_init()
         mp = L.llama_model_default_params()
+        mp.use_extra_bufts = extra_buffers()  # the same kernels the engine will run
         self.model = L.llama_model_load_from_file(str(model_path).encode(), mp)
         if not self.model:
             raise ModelLoadError(str(model_path), "llama_model_load_from_file returned NULL")

@@ -50,6 +50,7 @@ class _Backend:
 
     lock = threading.Lock()
     ready = False
+    warned_extra = False
     last_level = logging.DEBUG
 
     @staticmethod
@@ -95,6 +96,35 @@ def load_mode_for(use_mmap: bool | None) -> int:
     return int(llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE)
 
 
+EXTRA_BUFFERS_ENV = "EDGE_LLAMA_EXTRA_BUFFERS"  # "1"/"0" overrides extra_buffers_default()
+
+
+def extra_buffers_default(system_info: str, env: dict[str, str] | None = None) -> bool:
+    """Whether weights may go to ggml's extra CPU buffer types (AMX tiles, repacked layouts).
+
+    Off where the build carries ggml's AMX kernels: in llama-cpp-python 0.3.36 built on a
+    Xeon with amx_int8, the first batch of more than one token (any prompt) dies with
+    SIGSEGV in ggml_backend_amx_mul_mat (SmolLM2-135M Q4_1). Plain CPU kernels are correct
+    and ran 150 prompt tokens/s on 2 threads there. `EDGE_LLAMA_EXTRA_BUFFERS=1` turns them
+    back on (for a fixed llama.cpp), `=0` off everywhere.
+    """
+    value = (os.environ if env is None else env).get(EXTRA_BUFFERS_ENV, "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    return "AMX_INT8 = 1" not in system_info
+
+
+def extra_buffers() -> bool:
+    """extra_buffers_default() for the installed build (logged once when off)."""
+    raw = llama_cpp.llama_print_system_info()
+    on = extra_buffers_default(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
+    if not on and not _Backend.warned_extra:
+        _Backend.warned_extra = True
+        log.info("ggml extra CPU buffer types (AMX, repack) off: this build's AMX matmul crashes "
+                 "on prompt batches; set %s=1 to try them", EXTRA_BUFFERS_ENV)
+    return on
+
+
 class LlamaModel:
     """Weights + vocabulary. Thread-safe for tokenization and piece lookup."""
 
@@ -119,6 +149,7 @@ class LlamaModel:
         params.n_gpu_layers = n_gpu_layers
         params.load_mode = load_mode_for(use_mmap)
         params.vocab_only = vocab_only
+        params.use_extra_bufts = extra_buffers()
         ptr = llama_cpp.llama_model_load_from_file(self.path.encode(), params)
         if not ptr:
             raise ModelLoadError(self.path, "llama.cpp could not load the file (run with -v for its log)")
