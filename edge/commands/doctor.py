@@ -87,7 +87,8 @@ def _profile(facts: SystemFacts, errors: list[str]) -> dict[str, Any]:
 
 
 def _backends(facts: SystemFacts) -> dict[str, Any]:
-    keys = ("llama_cpp_version", "has_cpu", "has_cuda", "has_metal", "has_blas", "gpu_offload", "system_info")
+    keys = ("llama_cpp_version", "has_cpu", "has_cuda", "has_metal", "has_blas", "gpu_offload",
+            "cpu_extra_buffers", "system_info")
     out: dict[str, Any] = {k: to_plain(getattr(facts.backends, k, None)) for k in keys}
     out["error"] = facts.backends_error
     return out

@@ -9,6 +9,7 @@ string and `llama_supports_gpu_offload()`.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class BackendInfo:
     system_info: str
     libraries: tuple[str, ...]
     error: str | None = None  # set when llama_cpp cannot be imported
+    cpu_extra_buffers: bool = True  # weights may use ggml's AMX/repacked CPU buffers (see below)
 
 
 def _libraries(lib_dir: Path) -> tuple[str, ...]:
@@ -44,6 +46,24 @@ def _has(libs: tuple[str, ...], system_info: str, kind: str) -> bool:
     if any(lib.startswith(prefix) for lib in libs for prefix in _BACKEND_LIBS[kind]):
         return True
     return f"{kind.upper()} :" in system_info.upper()
+
+
+EXTRA_BUFFERS_ENV = "EDGE_LLAMA_EXTRA_BUFFERS"  # "1"/"0" overrides extra_buffers_default()
+
+
+def extra_buffers_default(system_info: str, env: dict[str, str] | None = None) -> bool:
+    """Whether weights may go to ggml's extra CPU buffer types (AMX tiles, repacked layouts).
+
+    Off where the build carries ggml's AMX kernels: in llama-cpp-python 0.3.36 built on a
+    Xeon with amx_int8, the first batch of more than one token (any prompt) dies with
+    SIGSEGV in ggml_backend_amx_mul_mat (SmolLM2-135M Q4_1). Plain CPU kernels are correct
+    and ran 150 prompt tokens/s on 2 threads there. `EDGE_LLAMA_EXTRA_BUFFERS=1` turns them
+    back on (for a fixed llama.cpp), `=0` off everywhere.
+    """
+    value = (os.environ if env is None else env).get(EXTRA_BUFFERS_ENV, "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    return "AMX_INT8 = 1" not in system_info
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,4 +86,5 @@ def probe_backends() -> BackendInfo:
         gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
         system_info=system_info.strip(),
         libraries=libs,
+        cpu_extra_buffers=extra_buffers_default(system_info),
     )

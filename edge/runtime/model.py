@@ -32,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 import llama_cpp  # after the OpenMP policy above
 
 from edge.errors import ModelLoadError
+from edge.runtime.backend import EXTRA_BUFFERS_ENV, extra_buffers_default
 
 log = logging.getLogger("edge.llama")
 
@@ -94,24 +95,6 @@ def load_mode_for(use_mmap: bool | None) -> int:
     if use_mmap is None:
         return int(llama_cpp.LLAMA_LOAD_MODE_AUTO)
     return int(llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE)
-
-
-EXTRA_BUFFERS_ENV = "EDGE_LLAMA_EXTRA_BUFFERS"  # "1"/"0" overrides extra_buffers_default()
-
-
-def extra_buffers_default(system_info: str, env: dict[str, str] | None = None) -> bool:
-    """Whether weights may go to ggml's extra CPU buffer types (AMX tiles, repacked layouts).
-
-    Off where the build carries ggml's AMX kernels: in llama-cpp-python 0.3.36 built on a
-    Xeon with amx_int8, the first batch of more than one token (any prompt) dies with
-    SIGSEGV in ggml_backend_amx_mul_mat (SmolLM2-135M Q4_1). Plain CPU kernels are correct
-    and ran 150 prompt tokens/s on 2 threads there. `EDGE_LLAMA_EXTRA_BUFFERS=1` turns them
-    back on (for a fixed llama.cpp), `=0` off everywhere.
-    """
-    value = (os.environ if env is None else env).get(EXTRA_BUFFERS_ENV, "").strip()
-    if value in ("0", "1"):
-        return value == "1"
-    return "AMX_INT8 = 1" not in system_info
 
 
 def extra_buffers() -> bool:

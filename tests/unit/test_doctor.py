@@ -32,6 +32,7 @@ FAKE_BACKEND = SimpleNamespace(
     has_metal=False,
     has_blas=False,
     gpu_offload=True,
+    cpu_extra_buffers=True,
     system_info="CUDA : ARCHS = 870 | CPU : NEON = 1 |",
     libraries=("libggml-cuda.so",),
     error=None,
@@ -70,6 +71,7 @@ def test_report_on_agx_orin(tmp_path: Path) -> None:
         "memory_reserve_bytes": 4 * GiB,
     }
     assert r["backends"]["has_cuda"] is True and r["backends"]["error"] is None
+    assert r["backends"]["cpu_extra_buffers"] is True  # no AMX in this build: repacked kernels stay
     assert r["memory"]["available_bytes"] == 50 * GiB
     assert r["memory"]["nvmap_used_bytes"] == 2 * GiB
     assert r["memory"]["cgroup"]["version"] == 2 and r["memory"]["cgroup"]["limit_bytes"] is None
