@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--calibration", default=DEFAULT_CALIBRATION,
                    help="throughput file name in configs/throughput or a path")
     p.add_argument("--sweep", action="store_true", help="find the best never-throttling constant")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=int, action="append",
+                   help="repeatable: run every scenario once per seed (default 7); rows carry `seed`")
     p.set_defaults(func=run)
 
 
@@ -46,39 +47,39 @@ def run(args: argparse.Namespace) -> int:
     scenarios = args.scenario or list(SCENARIOS)
     policies = args.policy or list(POLICIES)
     profiles = args.profile or [PROFILES[0]]
+    seeds = args.seed or [7]
     rows: list[dict[str, Any]] = []
-    for profile in profiles:
-        for sc in scenarios:
-            by_policy: dict[str, dict[str, Any]] = {}
-            for pol in policies:
-                m = run_scenario(sc, pol, profile, tp, args.duration_s, args.seed)
-                row = {k: m.as_dict()[k] for k in JSON_KEYS}
-                row.update(profile=profile, lost_without_error=m.lost_without_error,
-                           shed_with_error=m.shed_with_error, rejected_with_error=m.rejected_with_error)
-                if "unloaded_interactive_p99_ttft_s" in m.extra:
-                    row["unloaded_interactive_p99_ttft_s"] = m.extra["unloaded_interactive_p99_ttft_s"]
-                by_policy[pol] = row
-                rows.append(row)
-            if args.sweep:
-                cache: dict = {}
-                edge_row = by_policy.get("edge")
-                info: dict[str, Any] = {}
-                # "best_constant": never throttles; "best_strict_constant": also never within 3 C of
-                # the limit, the line edge is held to (the like-for-like comparison)
-                for key, strict in (("best_constant", False), ("best_strict_constant", True)):
-                    knobs, best = sweep(sc, profile, tp, args.duration_s, args.seed, strict=strict,
-                                        cache=cache)
-                    info[key] = None if knobs is None else {
-                        "active": knobs.active_limit, "threads": knobs.n_threads, "duty": knobs.duty,
-                        "off_threads": knobs.off_threads,
-                        "max_temp_c": None if best is None else round(best.max_temp_c, 2)}
-                    info[f"{key}_tokens"] = None if best is None else best.tokens
-                    if edge_row is not None and best is not None and best.tokens:
-                        frac_key = ("edge_fraction_of_best_strict_constant" if strict
-                                    else "edge_fraction_of_best_constant")
-                        info[frac_key] = round(edge_row["tokens"] / best.tokens, 3)
-                for row in by_policy.values():
-                    row.update(info)
+    for seed, profile, sc in ((sd, pr, sc) for sd in seeds for pr in profiles for sc in scenarios):
+        by_policy: dict[str, dict[str, Any]] = {}
+        for pol in policies:
+            m = run_scenario(sc, pol, profile, tp, args.duration_s, seed)
+            row = {k: m.as_dict()[k] for k in JSON_KEYS}
+            row.update(profile=profile, seed=seed, lost_without_error=m.lost_without_error,
+                       shed_with_error=m.shed_with_error, rejected_with_error=m.rejected_with_error)
+            if "unloaded_interactive_p99_ttft_s" in m.extra:
+                row["unloaded_interactive_p99_ttft_s"] = m.extra["unloaded_interactive_p99_ttft_s"]
+            by_policy[pol] = row
+            rows.append(row)
+        if args.sweep:
+            cache: dict = {}
+            edge_row = by_policy.get("edge")
+            info: dict[str, Any] = {}
+            # "best_constant": never throttles; "best_strict_constant": also never within 3 C of
+            # the limit, the line edge is held to (the like-for-like comparison)
+            for key, strict in (("best_constant", False), ("best_strict_constant", True)):
+                knobs, best = sweep(sc, profile, tp, args.duration_s, seed, strict=strict,
+                                    cache=cache)
+                info[key] = None if knobs is None else {
+                    "active": knobs.active_limit, "threads": knobs.n_threads, "duty": knobs.duty,
+                    "off_threads": knobs.off_threads,
+                    "max_temp_c": None if best is None else round(best.max_temp_c, 2)}
+                info[f"{key}_tokens"] = None if best is None else best.tokens
+                if edge_row is not None and best is not None and best.tokens:
+                    frac_key = ("edge_fraction_of_best_strict_constant" if strict
+                                else "edge_fraction_of_best_constant")
+                    info[frac_key] = round(edge_row["tokens"] / best.tokens, 3)
+            for row in by_policy.values():
+                row.update(info)
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         print()
@@ -88,21 +89,23 @@ def run(args: argparse.Namespace) -> int:
             "oom_events", "lost_without_error"]
     heads = ["profile", "scenario", "policy", "tokens", "maxT", "s>=lim-3", "s_throttled", "p50_tok",
              "p99_tok", "p99_ttft", "oom", "lost"]
+    if len(seeds) > 1:
+        cols, heads = ["seed", *cols], ["seed", *heads]
     table = [heads] + [[_fmt(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(heads))]
     for line in table:
         print("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)))
     for r in rows:
         if r["policy"] == "edge" and "unloaded_interactive_p99_ttft_s" in r:
-            print(f"{r['profile']} {r['scenario']}: edge interactive p99 TTFT "
+            print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): edge interactive p99 TTFT "
                   f"{_fmt(r['interactive_p99_ttft_s'])} s vs unloaded "
                   f"{_fmt(r['unloaded_interactive_p99_ttft_s'])} s")
         if r["policy"] == "edge" and "best_constant_tokens" in r and r["best_constant"] is None:
-            print(f"{r['profile']} {r['scenario']}: no constant setting runs without throttling or an OOM "
-                  f"kill; edge {r['tokens']} tokens, {r['oom_events']} OOM")
+            print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): no constant setting runs without "
+                  f"throttling or an OOM kill; edge {r['tokens']} tokens, {r['oom_events']} OOM")
         elif r["policy"] == "edge" and "best_constant_tokens" in r:
-            print(f"{r['profile']} {r['scenario']}: best never-throttling constant {r['best_constant']} "
-                  f"-> {r['best_constant_tokens']} tokens; edge {r['tokens']} "
+            print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): best never-throttling constant "
+                  f"{r['best_constant']} -> {r['best_constant_tokens']} tokens; edge {r['tokens']} "
                   f"({_fmt(r.get('edge_fraction_of_best_constant'))}); best constant staying 3 C below "
                   f"the limit {r.get('best_strict_constant')} -> {r.get('best_strict_constant_tokens')} "
                   f"({_fmt(r.get('edge_fraction_of_best_strict_constant'))})")
