@@ -9,7 +9,8 @@ Android's thermal headroom forecast):
     u     = u_sus + k * (T_set - T_hat) - k_i * I           (k = k_pu or k_po times u_sus)
     I     integrates (T_hat - T_set), clamped both ways (anti-windup); below target only while
           the cap binds and T is near target and not rising, else it bleeds off
-    u_sus learned as the load at which dT/dt ~ 0 near T_set
+    u_sus learned as the load at which dT/dt ~ 0 near T_set, and learned down fast while T rises
+          above T_set at a cap no higher than u_sus (the device changed: a fan failed)
     m_learn extra margin while u_sus is still a guess, shrinking to 0 over a minute of learning
 
 A temperature guard trip is evidence too: the load that ran into it was not
@@ -74,6 +75,8 @@ from edge.telemetry.sample import PressureLevel
 MAX_UP_LOAD_STEP = 0.15  # one upward change raises the estimated load by at most this much
 DEFAULT_COOLDOWN_S = 10.0
 GUARD_U_SUS_FACTOR = 0.8  # after a guard trip, the sustainable load is at most this share of what ran
+DROP_SLACK_LOAD = 0.1  # heating at a cap this close above u_sus also says u_sus is too high
+DROP_FACTOR = 0.9  # ... and u_sus is then pulled towards this share of the cap
 BINDING_FRACTION = 0.8  # the cap binds when the engine runs at >= this share of the level's load
 
 
@@ -211,6 +214,11 @@ def decide(
                 and allowed > 0 and _applied_load(stats, cfg) > 0 and dt > 0):
             u_sus += cfg.u_sus_rate * (allowed - u_sus) * min(1.0, dt)
             learned_s += dt
+        elif (err > 0 and temp > t_set and slope > cfg.u_sus_slope_c_per_s and binding and dt > 0
+              and allowed < u_sus + DROP_SLACK_LOAD):
+            # heating above target at a cap no higher than what was thought sustainable: the device
+            # changed (a fan failed, the room warmed up), so learn down now rather than in minutes
+            u_sus += cfg.u_sus_drop_rate * (DROP_FACTOR * min(allowed, u_sus) - u_sus) * min(1.0, dt)
         cool = temp < t_on and forecast < t_set
         if cool:
             budget = budget_up = 1.0

@@ -423,3 +423,32 @@ def test_target_starts_wider_until_the_sustainable_load_is_learned() -> None:
         d_idle, idle = decide(inp(float(t), final - 0.5), Q, stats(ladder_for(cfg)[level].knobs, active=0),
                               idle, cfg)
     assert d_idle.t_set_c == pytest.approx(final - 1.0)
+
+
+def test_heating_above_target_at_a_sustainable_cap_learns_the_load_down_fast() -> None:
+    """A fan failure: the old sustainable load now heats the device. u_sus drops within seconds.
+
+    Slow learning (only while flat near target) left u_sus at its old value for the whole
+    excursion, and the Pi profile's fan-failure run crept past T_lim - 3 on 2 of 24 seeds.
+    """
+    ladder = ladder_for(CFG)
+    level = 8
+    cap = ladder[level].load
+    cfg = replace(CFG, up_interval_s=1e9, down_interval_s=1e9)  # freeze the level to isolate learning
+    start = ControllerState(mode=ThermalMode.LIMITING, level=level, last_change_s=0.0, last_t_s=0.0,
+                            u_sus=cap)
+    st = start
+    for t in range(1, 11):  # 10 s above target and rising, engine running at the cap
+        _, st = decide(inp(float(t), T_SET + 0.5, slope=0.1), Q, stats(ladder[level].knobs), st, cfg)
+    assert st.u_sus < 0.95 * cap
+    # rising above target because the cap sits well above u_sus (a boost, a climb) teaches nothing
+    above = replace(start, u_sus=cap - 0.3)
+    for t in range(1, 11):
+        _, above = decide(inp(float(t), T_SET + 0.5, slope=0.1), Q, stats(ladder[level].knobs), above, cfg)
+    assert above.u_sus == pytest.approx(cap - 0.3)
+    # nor does heating while the engine runs far below its cap (demand, not the cap, set the load)
+    light = start
+    for t in range(1, 11):
+        _, light = decide(inp(float(t), T_SET + 0.5, slope=0.1), Q, stats(ladder[level].knobs, active=1),
+                          light, cfg)
+    assert light.u_sus == pytest.approx(cap)
