@@ -32,7 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 import llama_cpp  # after the OpenMP policy above
 
 from edge.errors import ModelLoadError
-from edge.runtime.backend import EXTRA_BUFFERS_ENV, extra_buffers_default
+from edge.runtime.backend import EXTRA_BUFFERS_ENV, probe_backends
 
 log = logging.getLogger("edge.llama")
 
@@ -98,9 +98,8 @@ def load_mode_for(use_mmap: bool | None) -> int:
 
 
 def extra_buffers() -> bool:
-    """extra_buffers_default() for the installed build (logged once when off)."""
-    raw = llama_cpp.llama_print_system_info()
-    on = extra_buffers_default(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
+    """The installed build's verdict from probe_backends() (logged once when off)."""
+    on = probe_backends().cpu_extra_buffers
     if not on and not _Backend.warned_extra:
         _Backend.warned_extra = True
         log.info("ggml extra CPU buffer types (AMX, repack) off: this build's AMX matmul crashes "

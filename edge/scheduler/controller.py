@@ -149,14 +149,14 @@ def decide(
     tags: list[str] = []
     guard = _guard_reason(inp, t_guard)
     temp_known = inp.temp_c is not None and not inp.stale
+    applied = _applied_load(stats, cfg)  # what the engine really ran at since the last decision
 
     if guard is not None:
         if state.mode is not ThermalMode.GUARD and guard[0] == "guard:temperature":
             # the load that ran into the guard was not sustainable: learn that at once, and drop
             # any credit the integral had built below target
-            ran = _applied_load(stats, cfg)
-            if ran > 0:
-                u_sus = min(u_sus, ran * GUARD_U_SUS_FACTOR)
+            if applied > 0:
+                u_sus = min(u_sus, applied * GUARD_U_SUS_FACTOR)
             integral = max(0.0, integral)
             learned_s = 0.0
         mode, level, reason = ThermalMode.GUARD, paused_idx, guard[1]
@@ -200,7 +200,7 @@ def decide(
         # near target: that removes the steady offset under the target that a proportional term
         # leaves, without growing a credit while demand, not the cap, keeps the device cool
         binding = (state.level not in (0, paused_idx)
-                   and _applied_load(stats, cfg) >= BINDING_FRACTION * ladder[state.level].load)
+                   and applied >= BINDING_FRACTION * ladder[state.level].load)
         if err > 0:
             integral = min(cfg.integral_max_c_s, integral + err * dt)
         elif binding and temp > t_set - cfg.integral_band_c and slope <= cfg.u_sus_slope_c_per_s:
@@ -211,7 +211,7 @@ def decide(
         # scale the budget is mapped on; it is learned only while the engine is really busy
         allowed = ladder[state.level].load if state.level != paused_idx else 0.0
         if (abs(temp - t_set) <= cfg.u_sus_band_c and abs(slope) <= cfg.u_sus_slope_c_per_s
-                and allowed > 0 and _applied_load(stats, cfg) > 0 and dt > 0):
+                and allowed > 0 and applied > 0 and dt > 0):
             u_sus += cfg.u_sus_rate * (allowed - u_sus) * min(1.0, dt)
             learned_s += dt
         elif (err > 0 and temp > t_set and slope > cfg.u_sus_slope_c_per_s and binding and dt > 0
