@@ -403,4 +403,6 @@ class StepLoop:
             total_tokens_prefilled=self._totals[1],
             total_steps=self._totals[2],
             last_progress_s=self._clock.monotonic(),
+            interactive_awaiting_first=sum(1 for q in self._running.values()
+                                           if q.request.priority is Priority.INTERACTIVE and q.n_gen == 0),
         )

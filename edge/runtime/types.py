@@ -133,6 +133,7 @@ class EngineStats:
     total_tokens_prefilled: int = 0
     total_steps: int = 0
     last_progress_s: float = 0.0  # monotonic time of the last finished step (watchdog)
+    interactive_awaiting_first: int = 0  # interactive sequences in a slot that have no token yet
 
 
 class RequestHandleLike(Protocol):

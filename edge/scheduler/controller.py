@@ -13,6 +13,13 @@ Android's thermal headroom forecast):
           above T_set at a cap no higher than u_sus (the device changed: a fan failed)
     m_learn extra margin while u_sus is still a guess, shrinking to 0 over a minute of learning
 
+The 15 s slope fit lags a sudden change by several seconds (after a fan fails
+the die heats ~0.3 C/s at once in `edge sim`). So a raw reading within
+`pre_guard_c` of the guard that rises fast over the last few seconds cuts the
+load at once to `pre_guard_cut` of what ran (the pre-guard), without the
+learning reset of a guard trip. It is what lets the target sit 4.5 C under the
+limit instead of 5.
+
 A temperature guard trip is evidence too: the load that ran into it was not
 sustainable, so u_sus drops below it at once, the integral loses any credit it
 built under target, and the extra margin comes back until u_sus is relearned.
@@ -35,6 +42,12 @@ mode is shown as "unavailable" (never "nominal") in /v1/status and /metrics and
 logged once with what to do (`--telemetry sim:PROFILE` to try the controller,
 or run where sensors are exposed).
 
+Interactive first. While an interactive request waits for its first token
+(queued, or prefilling in a slot), background work is parked and the chat runs
+alone, with a short boost if the forecast allows; once it streams, it shares the
+batch with background work, which runs at the level's most efficient batch size
+(`Level.batch`). Interactive requests are never held to that batch.
+
 Background admission. Background requests are refused at once (DevicePaused,
 Retry-After from `background_retry_s`) whenever `admit_background` is off, and
 the engine never starts them then, so none can wait forever. It is off while
@@ -55,11 +68,13 @@ from edge.runtime.types import EngineState, EngineStats, Knobs
 from edge.scheduler.memory import PSI_TRAIL_S, memory_mode, memory_short, should_evict, should_unload
 from edge.scheduler.policy import (
     Level,
+    Rates,
     build_ladder,
     estimated_load,
     interactive_first,
     level_at_most,
     level_for_budget,
+    rates_of,
 )
 from edge.scheduler.state import (
     ControlInput,
@@ -85,12 +100,18 @@ def ladder_for(cfg: ControllerConfig) -> tuple[Level, ...]:
     return build_ladder(cfg.n_slots, cfg.max_threads, cfg.min_duty, cfg.decode_tps)
 
 
+@lru_cache(maxsize=32)
+def rates_for(cfg: ControllerConfig) -> Rates:
+    return rates_of(cfg.decode_tps)
+
+
 def _applied_load(stats: EngineStats | None, cfg: ControllerConfig) -> float:
     """Estimated load the engine really ran at (fewer sequences than allowed draw less)."""
     if stats is None or stats.state is not EngineState.READY or stats.knobs.paused:
         return 0.0
     k = stats.knobs
-    return estimated_load(stats.active, k.n_threads, k.duty, cfg.n_slots, cfg.max_threads, k.off_threads)
+    return estimated_load(stats.active, k.n_threads, k.duty, cfg.n_slots, cfg.max_threads, k.off_threads,
+                          rates_for(cfg))
 
 
 def _guard_reason(inp: ControlInput, t_guard_c: float) -> tuple[str, str] | None:
@@ -102,6 +123,17 @@ def _guard_reason(inp: ControlInput, t_guard_c: float) -> tuple[str, str] | None
     if inp.temp_c is not None and not inp.stale and inp.temp_c >= t_guard_c:
         return "guard:temperature", f"{inp.temp_c:.1f} C at or above guard {t_guard_c:.1f} C"
     return None
+
+
+def _pre_guard(inp: ControlInput, t_guard_c: float, cfg: ControllerConfig) -> str:
+    """Why the latest raw reading calls for a cut before the guard fires, else ''."""
+    raw = inp.raw_temp_c if inp.raw_temp_c is not None else inp.temp_c
+    fast = inp.fast_slope_c_per_s
+    if raw is None or fast is None or inp.stale:
+        return ""
+    if raw >= t_guard_c - cfg.pre_guard_c and fast >= cfg.pre_guard_slope_c_per_s:
+        return f"pre-guard: {raw:.1f} C rising {fast:+.2f} C/s, {t_guard_c - raw:.1f} C under the guard"
+    return ""
 
 
 def _cooldown_s(inp: ControlInput, resume_c: float) -> float:
@@ -243,6 +275,11 @@ def decide(
                 # R_die * dP within seconds, before any forecast can see it
                 step = min(budget_up - cfg.hysteresis_load, cur_load + MAX_UP_LOAD_STEP)
                 level = min(level, max(target_up, level_for_budget(ladder, step)))
+        pre_guard = _pre_guard(inp, t_guard, cfg)
+        if pre_guard and state.mode is not ThermalMode.GUARD:
+            # right under the guard and rising fast: the 15 s slope has not seen it yet (a fan
+            # just failed, demand jumped back onto a high cap); cut now rather than at the guard
+            level = max(level, level_at_most(ladder, applied * cfg.pre_guard_cut))
         if level == 0:
             mode, reason = ThermalMode.NOMINAL, f"{temp:.1f} C, forecast {forecast:.1f} C: full speed"
         elif level == paused_idx:
@@ -254,6 +291,9 @@ def decide(
             reason = (f"{temp:.1f} C, forecast {forecast:.1f} C, target {t_set:.1f} C: "
                       f"budget {budget:.2f} -> {ladder[level].label}")
             tags.append("limiting:thermal")
+        if pre_guard and level != paused_idx:
+            reason = f"{reason}; {pre_guard}"
+            tags.append("limiting:pre_guard")
 
     short_at = now if memory_short(inp, cfg.reserve_bytes) else state.mem_short_at_s
     short_recently = short_at is not None and now - short_at <= PSI_TRAIL_S
@@ -271,12 +311,23 @@ def decide(
     knobs: Knobs = ladder[level].knobs
     n_interactive = queue.running_interactive + queue.waiting_interactive
     n_background = queue.running_background + queue.waiting_background
-    if mode is ThermalMode.LIMITING and level >= 2 and n_interactive > 0 and n_background > 0:
+    # interactive requests still waiting for their first token (queued, or prefilling in a slot)
+    n_first = queue.waiting_interactive + (stats.interactive_awaiting_first if stats is not None else 0)
+    if (mode is ThermalMode.LIMITING and level >= 2 and n_first > 0 and n_interactive > 0
+            and n_background > 0):
+        # time to first token is what a user waits on: until it comes, interactive work runs
+        # alone; once it streams, it shares the batch with background work (below)
         headroom = forecast is not None and forecast < t_set + cfg.interactive_band_c
         knobs = interactive_first(ladder[level], n_interactive, cfg.n_slots, cfg.max_threads, cfg.min_duty,
-                                  headroom)
+                                  headroom, rates_for(cfg))
         reason = f"{reason}; interactive first, background parked"
         tags.append("limiting:background_parked")
+    elif n_background > 0 and not knobs.paused and 0 < ladder[level].batch < knobs.active_limit:
+        # background work runs at the batch that gives the most tokens per heat; interactive
+        # requests are never held back by it
+        batch = max(ladder[level].batch, min(n_interactive, cfg.n_slots))
+        if batch < knobs.active_limit:
+            knobs = replace(knobs, active_limit=batch)
     if mode in (ThermalMode.LIMITING, ThermalMode.CONSERVATIVE) and n_interactive == 0 \
             and not knobs.admit_background:
         knobs = replace(knobs, admit_background=True)  # background alone is the workload

@@ -10,7 +10,10 @@ comes first is interactive work sharing the device with background work: see
 `interactive_first()`. Each level carries the controller's *estimate* of its
 load; the learned sustainable load and the integral absorb that estimate's
 error on a given device. Given measured decode figures (a calibration), the
-threads x duty part keeps only settings on the efficiency frontier (`_efficient`).
+threads x duty part keeps only settings on the efficiency frontier (`_efficient`),
+the load estimate charges a bigger batch only for the arithmetic it measurably
+adds (`batch_share`), and each level names the batch at which background work
+runs best there (`Level.batch`).
 """
 
 from __future__ import annotations
@@ -22,17 +25,47 @@ from edge.runtime.types import Knobs
 DUTY_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(19))  # 1.0, 0.95, ... 0.1
 
 
+Rates = dict[tuple[int, int], float]  # (threads, sequences) -> measured aggregate decode tokens/s
+
+
+def rate(rates: Rates, threads: int, sequences: int) -> float:
+    """Measured aggregate decode tokens/s, from the nearest figure at or below (threads, sequences)."""
+    known = [k for k in rates if k[0] <= threads and k[1] <= sequences]
+    return rates[max(known)] if known else 0.0
+
+
+def batch_share(active: int, threads: int, n_slots: int, rates: Rates | None = None) -> float:
+    """Power of busy cores decoding `active` sequences, as a share of their power at the fastest batch.
+
+    A lone sequence is bound by fetching weights and leaves the arithmetic units
+    partly idle; each sequence added to the batch does more arithmetic per weight
+    fetched. Without figures that extra is taken as linear in the batch (0.6 ->
+    1.0). With measured figures it follows the measured batch speedup (0.7 -> 1.0):
+    where adding sequences does not raise tokens/s (one compute-bound thread) it
+    does not add arithmetic or heat either, and where it does, heat rises with it.
+    """
+    active = min(max(1, active), n_slots)
+    if rates:
+        one, best = rate(rates, threads, 1), rate(rates, threads, n_slots)
+        if one > 0 and best > one * 1.001:
+            return 0.7 + 0.3 * max(0.0, rate(rates, threads, active) - one) / (best - one)
+        if one > 0:
+            return 1.0
+    return 0.6 + 0.4 * active / n_slots
+
+
 def estimated_load(active: int, threads: int, duty: float, n_slots: int, max_threads: int,
-                   off_threads: int = 0) -> float:
-    """Rough share of full power: busy cores x time stepping, rising mildly with batch size.
+                   off_threads: int = 0, rates: Rates | None = None) -> float:
+    """Rough share of full power: busy cores x time stepping x the batch's share (`batch_share`).
 
     With `off_threads`, the rest of the duty cycle steps with that many threads instead of idling.
     """
     if active <= 0 or duty <= 0:
         return 0.0
-    batch = 0.6 + 0.4 * min(active, n_slots) / n_slots
-    busy = duty * min(threads, max_threads) + (1.0 - duty) * min(max(0, off_threads), max_threads)
-    return busy / max_threads * batch
+    threads, off = min(threads, max_threads), min(max(0, off_threads), max_threads)
+    on = duty * threads * batch_share(active, threads, n_slots, rates)
+    rest = (1.0 - duty) * off * batch_share(active, off, n_slots, rates) if off else 0.0
+    return (on + rest) / max_threads
 
 
 @dataclass(frozen=True)
@@ -40,6 +73,7 @@ class Level:
     knobs: Knobs
     load: float  # estimated load of this level, 0..1
     label: str
+    batch: int = 0  # sequences that deliver the most tokens per load here (0: every slot)
 
 
 DecodeTable = tuple[tuple[int, int, float], ...]  # (threads, sequences, aggregate decode tokens/s)
@@ -49,23 +83,24 @@ def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2,
                  decode_tps: DecodeTable = ()) -> tuple[Level, ...]:
     """Levels from full speed (index 0) to paused (last index); loads never increase."""
     n_slots, max_threads = max(1, n_slots), max(1, max_threads)
+    table = rates_of(decode_tps)
 
     def lvl(active: int, threads: int, duty: float, bg: bool, label: str, off: int = 0) -> Level:
-        load = estimated_load(active, threads, duty, n_slots, max_threads, off)
+        load = estimated_load(active, threads, duty, n_slots, max_threads, off, table)
         knobs = Knobs(active, threads, duty, paused=False, admit_background=bg, off_threads=off)
-        return Level(knobs, load, label + (f", {off} off-duty" if off else ""))
+        batch = best_batch(active, threads, duty, off, n_slots, max_threads, table)
+        return Level(knobs, load, label + (f", {off} off-duty" if off else ""), batch)
 
     levels = [
         lvl(n_slots, max_threads, 1.0, True, "full"),
         lvl(n_slots, max_threads, 1.0, False, "no new background"),
     ]
-    table = {(t, s): v for t, s, v in decode_tps if v > 0}
     # (threads, duty, off-duty threads); stepping with fewer threads instead of idling is only
     # offered where measured figures can tell whether it buys tokens
     combos = [(t, d, o) for t in range(1, max_threads + 1) for d in DUTY_GRID
               for o in (range(t) if table and d < 1.0 else (0,)) if o or d >= min_duty - 1e-9]
     # by estimated load, fewer threads first on ties
-    combos.sort(key=lambda c: (-estimated_load(n_slots, c[0], c[1], n_slots, max_threads, c[2]), c[0]))
+    combos.sort(key=lambda c: (-estimated_load(n_slots, c[0], c[1], n_slots, max_threads, c[2], table), c[0]))
     if table:
         combos = _efficient(combos, n_slots, table)
     for threads, duty, off in combos:
@@ -83,6 +118,32 @@ def build_ladder(n_slots: int, max_threads: int, min_duty: float = 0.2,
     return tuple(levels)
 
 
+def rates_of(decode_tps: DecodeTable) -> Rates:
+    return {(t, s): v for t, s, v in decode_tps if v > 0}
+
+
+def best_batch(active: int, threads: int, duty: float, off: int, n_slots: int, max_threads: int,
+               rates: Rates) -> int:
+    """Batch size (at most `active`) with the most expected tokens per estimated load; 0 without figures.
+
+    Only background work is held to it (interactive requests are never parked to
+    save heat: queueing chat users tripled p99 time to first token in `edge sim`).
+    Where one thread is compute-bound and batches of 1-3 decode equally fast,
+    a fourth background sequence adds heat and few tokens; near-ties (1 %) go to
+    the bigger batch, which serves more requests at once.
+    """
+    if not rates:
+        return 0
+    best_n, best = active, -1.0
+    for n in range(active, 0, -1):
+        load = estimated_load(n, threads, duty, n_slots, max_threads, off, rates)
+        tps = duty * rate(rates, threads, n) + (1.0 - duty) * (rate(rates, off, n) if off else 0.0)
+        value = tps / load if load > 0 else 0.0
+        if value > best * 1.01:
+            best_n, best = n, value
+    return best_n
+
+
 def _efficient(combos: list[tuple[int, float, int]], n_slots: int,
                table: dict[tuple[int, int], float]) -> list[tuple[int, float, int]]:
     """Keep the (threads, duty, off-duty threads) settings on the efficiency frontier, in load order.
@@ -98,14 +159,11 @@ def _efficient(combos: list[tuple[int, float, int]], n_slots: int,
     wait for a slot (in `edge sim` chat, p99 time to first token rose from 5 s
     to 16.5 s when the frontier included them), so they stay last on the ladder.
     """
-    def rate(threads: int) -> float:
-        known = [k for k in table if k[0] <= threads and k[1] <= n_slots]
-        return table[max(known)] if known else 0.0
-
     kept: list[tuple[int, float, int]] = []
     best = 0.0
     for threads, duty, off in reversed(combos):  # cheapest first
-        value = duty * rate(threads) + (1.0 - duty) * (rate(off) if off else 0.0)
+        off_rate = rate(table, off, n_slots) if off else 0.0
+        value = duty * rate(table, threads, n_slots) + (1.0 - duty) * off_rate
         if value > best * 1.01:
             kept.append((threads, duty, off))
             best = value
@@ -113,7 +171,7 @@ def _efficient(combos: list[tuple[int, float, int]], n_slots: int,
 
 
 def interactive_first(level: Level, n_interactive: int, n_slots: int, max_threads: int,
-                      min_duty: float, headroom: bool) -> Knobs:
+                      min_duty: float, headroom: bool, rates: Rates | None = None) -> Knobs:
     """Knobs that serve interactive sequences at full speed and fill the rest of the budget with background.
 
     The engine fills its active set interactive-first, so the active limit decides
@@ -127,9 +185,9 @@ def interactive_first(level: Level, n_interactive: int, n_slots: int, max_thread
     n = max(1, min(n_interactive, n_slots))
     budget = level.load
     if headroom:
-        budget = max(budget, estimated_load(n, max_threads, 1.0, n_slots, max_threads))
+        budget = max(budget, estimated_load(n, max_threads, 1.0, n_slots, max_threads, rates=rates))
     def full_speed(active: int) -> float:
-        return estimated_load(active, max_threads, 1.0, n_slots, max_threads)
+        return estimated_load(active, max_threads, 1.0, n_slots, max_threads, rates=rates)
 
     active = n
     while active < n_slots and full_speed(active + 1) <= budget + 1e-9:
@@ -137,7 +195,7 @@ def interactive_first(level: Level, n_interactive: int, n_slots: int, max_thread
     if full_speed(active) <= budget + 1e-9:
         return Knobs(active, max_threads, 1.0, paused=False, admit_background=False)
     for threads in range(max_threads, 0, -1):
-        per_duty = estimated_load(n, threads, 1.0, n_slots, max_threads)
+        per_duty = estimated_load(n, threads, 1.0, n_slots, max_threads, rates=rates)
         duty = min(1.0, budget / per_duty)
         if duty >= min_duty:
             return Knobs(n, threads, round(duty, 3), paused=False, admit_background=False)

@@ -46,6 +46,8 @@ class ControlInput:
     t_s: float
     temp_c: float | None = None  # smoothed
     slope_c_per_s: float | None = None
+    raw_temp_c: float | None = None  # the latest reading itself, unsmoothed
+    fast_slope_c_per_s: float | None = None  # slope of the raw readings over the last few seconds
     limit_c: float | None = None  # lowest passive trip found
     stale: bool = False
     kernel_throttling: bool | None = None
@@ -78,6 +80,8 @@ class ControlInput:
             t_s=float(t_s if t_s is not None else 0.0),
             temp_c=pick("temp_c"),
             slope_c_per_s=pick("slope_c_per_s"),
+            raw_temp_c=pick("raw_temp_c"),
+            fast_slope_c_per_s=pick("fast_slope_c_per_s"),
             limit_c=pick("limit_c"),
             stale=bool(pick("stale")),
             kernel_throttling=pick("kernel_throttling"),
@@ -113,14 +117,17 @@ class ControllerConfig:
     n_slots: int = 4
     max_threads: int = 2
     limit_c: float = 90.0  # profile fallback when no passive trip is exposed
-    margin_c: float = 5.0  # T_set = T_lim - margin (design: ~12). `edge sim`, 5 thermal scenarios,
-    # seeds 7-66 on the Pi, 7-42 on the Orin: no second within 3 C of the limit (peak 81.93 C on the
-    # Pi's 82 C line after a fan failure); 4.75 touched it there
-    learning_margin_c: float = 1.0  # extra margin while the sustainable load is still a guess ...
+    margin_c: float = 4.5  # T_set = T_lim - margin (design: ~12). `edge sim`, 5 thermal scenarios,
+    # many seeds per profile: no second within 3 C of the limit; without the pre-guard a fan
+    # failure crossed the Pi's 82 C line at 4.5 (and at 4.75)
+    learning_margin_c: float = 1.5  # extra margin while the sustainable load is still a guess ...
     learn_confidence_s: float = 60.0  # ... shrinking to 0 over this much learning time
     on_band_c: float = 10.0  # T_on = T_set - on_band: below, no cap at all
     guard_band_c: float = 3.0  # hard guard at T_lim - guard_band
     guard_release_c: float = 3.0  # leave GUARD below T_lim - guard_band - release
+    pre_guard_c: float = 0.6  # a reading this close under the guard while rising fast ...
+    pre_guard_slope_c_per_s: float = 0.05  # ... (raw slope over ~4 s at least this) ...
+    pre_guard_cut: float = 0.6  # ... cuts at once to this share of the load that ran
     horizon_s: float = 10.0  # forecast T + h * slope (15 s overshot after a fan failure in `edge sim`)
     gain_floor: float = 0.25  # gains scale with u_sus but never below this fraction
     k_i_per_c_s: float = 0.004  # integral gain (budget per degree-second above target)
@@ -136,7 +143,8 @@ class ControllerConfig:
     hysteresis_load: float = 0.05  # step up only when the budget clears the next level by this much
     down_interval_s: float = 2.0  # rate limit for turning down
     up_interval_s: float = 5.0  # rate limit for turning up
-    interactive_band_c: float = 1.5  # interactive work alone may run at full speed up to T_set + this
+    interactive_band_c: float = 1.0  # interactive work alone may run at full speed up to T_set + this
+    # (kept inside the T_set -> guard gap of margin - guard_band = 1.5 C)
     climb_band_c: float = 3.0  # background admission is expected back once T falls this far below T_set
     min_duty: float = 0.2
     # measured aggregate decode tokens/s as (threads, sequences, tok/s); () when none was measured.

@@ -103,6 +103,8 @@ class SimEngine:
             waiting=len(self.waiting), waiting_interactive=n_wait_i,
             kv_cells_used=sum(r.kv_cells for r in self.slots), kv_cells_total=self.kv_cells_total,
             n_slots=self.n_slots, knobs=k,
+            interactive_awaiting_first=sum(1 for r in self.slots
+                                           if r.priority is Priority.INTERACTIVE and r.first_token_s is None),
         )
 
     def load(self) -> tuple[int, int, float, int]:

@@ -21,33 +21,47 @@ from edge.scheduler.state import (
     Decision,
     QueueState,
 )
+from edge.telemetry.monitor import least_squares_slope
 from edge.telemetry.sample import Sample
 
 
 @dataclass
 class Trend:
-    """EMA-smoothed temperature and a least-squares slope over a window: what the monitor reports."""
+    """EMA-smoothed temperature, a least-squares slope over a window, and a fast slope of the raw
+    readings: what the monitor reports."""
 
     alpha: float = 0.5
     window_s: float = 15.0
+    fast_window_s: float = 4.0
     temp_c: float | None = None
+    raw_temp_c: float | None = None
     points: list[tuple[float, float]] = field(default_factory=list)
+    raw: list[tuple[float, float]] = field(default_factory=list)
 
     def update(self, t_s: float, temp_c: float) -> None:
+        self.raw_temp_c = temp_c
         self.temp_c = temp_c if self.temp_c is None else self.temp_c + self.alpha * (temp_c - self.temp_c)
         self.points.append((t_s, self.temp_c))
         while self.points and t_s - self.points[0][0] > self.window_s:
             self.points.pop(0)
+        self.raw.append((t_s, temp_c))
+        while self.raw and t_s - self.raw[0][0] > self.fast_window_s:
+            self.raw.pop(0)
 
     @property
     def slope_c_per_s(self) -> float:
-        n = len(self.points)
-        if n < 3:
-            return 0.0
-        mt = sum(p[0] for p in self.points) / n
-        my = sum(p[1] for p in self.points) / n
-        var = sum((p[0] - mt) ** 2 for p in self.points)
-        return 0.0 if var <= 0 else sum((p[0] - mt) * (p[1] - my) for p in self.points) / var
+        return _slope(self.points)
+
+    @property
+    def fast_slope_c_per_s(self) -> float:
+        return _slope(self.raw)
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    n = len(points)
+    if n < 3:
+        return 0.0
+    return least_squares_slope(points) or 0.0
 
 
 class Policy:
@@ -104,6 +118,7 @@ class EdgePolicy(Policy):
     def control(self, sample: Sample, trend: Trend, queue: QueueState, stats: EngineStats) -> Knobs:
         inp = ControlInput(
             t_s=sample.t_s, temp_c=trend.temp_c, slope_c_per_s=trend.slope_c_per_s,
+            raw_temp_c=trend.raw_temp_c, fast_slope_c_per_s=trend.fast_slope_c_per_s,
             limit_c=sample.limit_c, stale=False, kernel_throttling=sample.kernel_throttling,
             thermal_pressure=sample.thermal_pressure, mem_available_bytes=sample.mem_available_bytes,
             psi_some_avg10=sample.psi_some_avg10, psi_full_avg10=sample.psi_full_avg10,

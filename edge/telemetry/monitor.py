@@ -7,7 +7,10 @@ Temperature is smoothed with a time-constant EMA (the
 alpha follows the real gap between samples, so 1 Hz and 2 Hz smooth alike) and
 the slope is a least-squares fit over the last `slope_window_s` of smoothed
 points: a two-point difference of a noisy sensor would swing the forecast
-`T + h * dT/dt` by tens of degrees.
+`T + h * dT/dt` by tens of degrees. That fit lags a sudden change by several
+seconds (after a fan fails the die heats at ~0.3 C/s in `edge sim`), so a second,
+fast slope over the last `fast_slope_window_s` of raw readings is reported too;
+the controller trusts it only right under its guard, where reacting late costs most.
 
 `Monitor.poll(now_s)` is called from the scheduler's loop (tests drive it with a
 fake clock); `MonitorThread` runs the same poll in the background in production.
@@ -85,6 +88,7 @@ class MonitorReading:
     period_s: float  # sampling period in force (1 s, or 0.5 s near the limit)
     error: str | None = None  # why the last read failed, when it did
     thermal_sensing: ThermalSensing = ThermalSensing.UNKNOWN
+    fast_slope_c_per_s: float | None = None  # slope of the raw readings over `fast_slope_window_s`
 
     @property
     def headroom_c(self) -> float | None:
@@ -120,6 +124,7 @@ class Monitor:
         near_limit_c: float = 10.0,
         ema_tau_s: float = 3.0,
         slope_window_s: float = 15.0,
+        fast_slope_window_s: float = 4.0,
         min_slope_span_s: float = 3.0,
         stale_periods: float = 3.0,
     ) -> None:
@@ -133,6 +138,7 @@ class Monitor:
         self.near_limit_c = near_limit_c
         self.ema_tau_s = ema_tau_s
         self.slope_window_s = slope_window_s
+        self.fast_slope_window_s = fast_slope_window_s
         self.min_slope_span_s = min_slope_span_s
         self.stale_after_s = stale_periods * period_s
         self._lock = threading.Lock()
@@ -140,6 +146,7 @@ class Monitor:
         self._ema_c: float | None = None
         self._last_temp_s: float | None = None
         self._history: deque[tuple[float, float]] = deque()  # (t_s, smoothed °C)
+        self._raw: deque[tuple[float, float]] = deque()  # (t_s, raw °C), the fast slope's window
         self._last_ok_s: float | None = None
         self._error: str | None = None
         self._period_s = period_s
@@ -199,6 +206,7 @@ class Monitor:
         if self._ema_c is None or gap_s is None or gap_s > self.stale_after_s:
             self._ema_c = temp_c  # first reading, or a gap too long to bridge: restart
             self._history.clear()
+            self._raw.clear()
         else:
             alpha = 1.0 - math.exp(-max(gap_s, 0.0) / self.ema_tau_s) if self.ema_tau_s > 0 else 1.0
             self._ema_c += alpha * (temp_c - self._ema_c)
@@ -206,6 +214,9 @@ class Monitor:
         self._history.append((now, self._ema_c))
         while self._history and self._history[0][0] < now - self.slope_window_s:
             self._history.popleft()
+        self._raw.append((now, temp_c))
+        while self._raw and self._raw[0][0] < now - self.fast_slope_window_s:
+            self._raw.popleft()
 
     def _limits(self, sample: Sample | None) -> tuple[float | None, float | None, LimitOrigin]:
         limit_c = sample.limit_c if sample is not None else None
@@ -239,6 +250,8 @@ class Monitor:
                 self._history[-1][0] - self._history[0][0] >= self.min_slope_span_s
             )
             slope = least_squares_slope(list(self._history)) if live and span_ok else None
+            fast_ok = live and len(self._raw) >= 3 and self._raw[-1][0] - self._raw[0][0] >= 1.5
+            fast = least_squares_slope(list(self._raw)) if fast_ok else None
             limit_c, critical_c, origin = self._limits(sample)
             return MonitorReading(
                 t_s=now,
@@ -255,6 +268,7 @@ class Monitor:
                 period_s=self._period_s,
                 error=self._error,
                 thermal_sensing=self._sensing,
+                fast_slope_c_per_s=fast,
             )
 
 

@@ -237,3 +237,21 @@ def test_long_prompt_is_chunked_and_does_not_freeze_streams(smollm2_path: Path) 
         assert rest[-1].finish_reason is FinishReason.LENGTH
         assert done_during_prefill >= n_long // 64 - 1
         assert eng.perf.n_prefilled >= n_long
+
+
+def test_stats_count_interactive_prompts_still_waiting_for_their_first_token(smol: Engine) -> None:
+    """The scheduler parks background work only while a chat user waits for a first token."""
+    _until(lambda: smol.stats().active == 0)
+    long_prompt = [100] * 600  # three steps of prefill at the 256-token step budget
+    bg = smol.submit(_req(long_prompt, 2, priority=Priority.BACKGROUND))
+    _until(lambda: smol.stats().tokens_prefilled > 0)
+    assert smol.stats().interactive_awaiting_first == 0  # background prompts do not count
+    assert bg.get(timeout_s=60) is not None
+    for _ in bg:
+        pass
+    chat = smol.submit(_req([200] * 600, 2, priority=Priority.INTERACTIVE))  # nothing cached
+    _until(lambda: smol.stats().interactive_awaiting_first == 1)
+    assert chat.get(timeout_s=60) is not None  # the first token came ...
+    _until(lambda: smol.stats().interactive_awaiting_first == 0)  # ... and the count says so
+    for _ in chat:
+        pass

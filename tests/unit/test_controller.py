@@ -8,7 +8,7 @@ import pytest
 
 from edge.runtime.types import EngineStats, Knobs
 from edge.scheduler.controller import decide, ladder_for
-from edge.scheduler.policy import estimated_load, level_for_budget
+from edge.scheduler.policy import estimated_load, level_for_budget, rates_of
 from edge.scheduler.state import (
     ControlInput,
     ControllerConfig,
@@ -17,6 +17,7 @@ from edge.scheduler.state import (
     QueueState,
     ThermalMode,
 )
+from edge.sim.throughput import load_throughput
 from edge.telemetry.sample import PressureLevel, Sample
 from tests.fakes import engine_stats
 
@@ -111,7 +112,7 @@ def test_hysteresis_needs_clear_margin_to_step_up() -> None:
 
 
 def test_integral_anti_windup_clamps_and_bleeds_off() -> None:
-    seq = [inp(float(t), T_SET + 1.5) for t in range(0, 400)]  # over target, under the guard
+    seq = [inp(float(t), T_SET + 1.0) for t in range(0, 400)]  # over target, under the guard
     _, st = run(seq)
     assert st.integral_c_s == pytest.approx(CFG.integral_max_c_s)  # clamped, not 800
     # below target while demand, not the cap, keeps the device cool (engine idle): it bleeds off
@@ -452,3 +453,79 @@ def test_heating_above_target_at_a_sustainable_cap_learns_the_load_down_fast() -
         _, light = decide(inp(float(t), T_SET + 0.5, slope=0.1), Q, stats(ladder[level].knobs, active=1),
                           light, cfg)
     assert light.u_sus == pytest.approx(cap)
+
+
+CFG_T = replace(CFG, decode_tps=load_throughput().decode_table(8))  # the measured calibration
+
+
+def _limiting_at(cfg: ControllerConfig, load: float) -> tuple[ControllerState, int]:
+    """A controller that learned `load` as sustainable and sits at that level of the ladder."""
+    ladder = ladder_for(cfg)
+    level = level_for_budget(ladder, load)
+    return ControllerState(mode=ThermalMode.LIMITING, level=level, last_change_s=0.0, last_t_s=99.0,
+                           u_sus=ladder[level].load), level
+
+
+def test_background_runs_at_its_efficient_batch_beside_a_streaming_chat() -> None:
+    """Measured figures: one thread decodes 1-3 sequences at one rate; more background adds heat, not tokens.
+
+    Before: an interactive request parked background work for its whole answer, running alone at
+    two threads (85 tokens per unit of load in `edge sim`, against 109 for a batch of three).
+    """
+    ladder = ladder_for(CFG_T)
+    st, level = _limiting_at(CFG_T, 0.45)
+    assert 0 < ladder[level].batch < 8
+    at_target = inp(100.0, T_SET)
+    streaming = QueueState(running_interactive=1, running_background=4)
+    d, st2 = decide(at_target, streaming, stats(ladder[level].knobs, active=5), st, CFG_T)
+    assert st2.level == level and d.mode is ThermalMode.LIMITING
+    assert d.knobs.active_limit == ladder[level].batch  # the chat plus background up to the batch
+    assert "limiting:background_parked" not in d.throttle_reasons
+    # no background: the chat users are never held to the batch
+    chat = QueueState(running_interactive=6)
+    d_chat, _ = decide(at_target, chat, stats(ladder[level].knobs, active=6), st, CFG_T)
+    assert d_chat.knobs.active_limit == 8
+    # more chat users than the batch: every one of them stays active
+    crowd = QueueState(running_interactive=6, running_background=2)
+    d_crowd, _ = decide(at_target, crowd, stats(ladder[level].knobs, active=8), st, CFG_T)
+    assert d_crowd.knobs.active_limit == 6
+
+
+def test_interactive_waiting_for_its_first_token_runs_alone() -> None:
+    ladder = ladder_for(CFG_T)
+    st, level = _limiting_at(CFG_T, 0.45)
+    prefilling = engine_stats(active=5, knobs=ladder[level].knobs, interactive_awaiting_first=1)
+    queue = QueueState(running_interactive=1, running_background=4)
+    d, _ = decide(inp(100.0, T_SET), queue, prefilling, st, CFG_T)
+    assert "limiting:background_parked" in d.throttle_reasons
+    assert d.knobs.active_limit < ladder[level].batch  # background parked until the first token
+    queued = QueueState(waiting_interactive=1, running_background=4)  # not even in a slot yet
+    d_q, _ = decide(inp(100.0, T_SET), queued, stats(ladder[level].knobs, active=4), st, CFG_T)
+    assert "limiting:background_parked" in d_q.throttle_reasons
+
+
+def test_pre_guard_cuts_when_a_reading_right_under_the_guard_rises_fast() -> None:
+    """The 15 s slope lags a sudden change; the raw readings of the last seconds do not.
+
+    Before: after a fan failure the die rose ~0.3 C/s while the fitted slope still read ~0,
+    and the die crossed the guard line (82 C on the Pi) before the controller cut.
+    """
+    ladder = ladder_for(CFG_T)
+    st, level = _limiting_at(CFG_T, 0.6)
+    running = stats(ladder[level].knobs, active=8)
+    applied = estimated_load(8, ladder[level].knobs.n_threads, ladder[level].knobs.duty, 8, 2,
+                             ladder[level].knobs.off_threads, rates_of(CFG_T.decode_tps))
+    near = T_GUARD - CFG_T.pre_guard_c / 2
+    rising = inp(100.0, T_SET, raw_temp_c=near, fast_slope_c_per_s=0.2)
+    d, st2 = decide(rising, Q, running, st, CFG_T)
+    assert "limiting:pre_guard" in d.throttle_reasons and d.mode is ThermalMode.LIMITING
+    assert ladder[st2.level].load <= CFG_T.pre_guard_cut * applied + 1e-9
+    assert st2.last_change_s == 100.0  # climbing back starts from here, rate-limited
+    # the same reading, flat: nothing to react to beyond the PI
+    flat = inp(100.0, T_SET, raw_temp_c=near, fast_slope_c_per_s=0.0)
+    d_flat, st_flat = decide(flat, Q, running, st, CFG_T)
+    assert "limiting:pre_guard" not in d_flat.throttle_reasons and st_flat.level == level
+    # rising fast but well under the guard: the forecast and the PI handle it
+    low = inp(100.0, T_SET, raw_temp_c=T_SET, fast_slope_c_per_s=0.3)
+    d_low, _ = decide(low, Q, running, st, CFG_T)
+    assert "limiting:pre_guard" not in d_low.throttle_reasons

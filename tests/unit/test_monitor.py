@@ -306,3 +306,27 @@ def test_null_source_is_absent() -> None:
     mon = Monitor(NullSource(clock), clock=clock)
     run_for(mon, clock, 1.0)
     assert mon.latest().thermal_sensing is ThermalSensing.ABSENT
+
+
+def test_fast_slope_sees_a_sudden_rise_the_window_fit_still_averages_away() -> None:
+    """After a fan fails the die heats at once; the 15 s fit of smoothed points lags that by seconds."""
+    clock = ManualClock()
+    mon = Monitor(CurveSource(clock, lambda t: 70.0 if t < 30.0 else 70.0 + 0.3 * (t - 30.0), limit_c=80.0),
+                  clock)
+    mon.poll()
+    run_for(mon, clock, 29.0)
+    flat = mon.latest()
+    assert flat.fast_slope_c_per_s is not None and abs(flat.fast_slope_c_per_s) < 1e-6
+    run_for(mon, clock, 4.0)  # 3 s into the rise
+    r = mon.latest()
+    assert r.fast_slope_c_per_s is not None and r.slope_c_per_s is not None
+    assert r.fast_slope_c_per_s > 0.2  # most of the true 0.3 C/s ...
+    assert r.slope_c_per_s < 0.1  # ... while the window fit has seen little of it
+
+
+def test_no_fast_slope_from_too_few_readings() -> None:
+    clock = ManualClock()
+    mon = Monitor(CurveSource(clock, lambda t: 50.0 + t), clock)
+    assert mon.poll().fast_slope_c_per_s is None
+    run_for(mon, clock, 1.0)
+    assert mon.latest().fast_slope_c_per_s is None  # 2 readings over 1 s

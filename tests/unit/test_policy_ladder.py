@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from edge.runtime.types import Knobs
-from edge.scheduler.policy import build_ladder, estimated_load
+from edge.scheduler.policy import batch_share, best_batch, build_ladder, estimated_load, rates_of
 from edge.sim.throughput import load_throughput
 
 # one thread decodes 8 sequences at 60 tok/s, two threads at 80: decode is mostly memory-bound
@@ -69,3 +71,36 @@ def test_calibration_table_covers_every_knob() -> None:
     assert mixed == tp.utilisation(8, 2, 0.6) + 0.4 * tp.utilisation(8, 1, 1.0)
     ladder = build_ladder(8, 2, decode_tps=table)
     assert any(lv.knobs.off_threads == 1 for lv in ladder)
+
+
+# one thread is compute-bound (batches of 1-3 decode at the same rate), two threads gain from batching
+FLAT_THEN_RISING = tuple((1, s, 50.0 if s <= 3 else 50.0 + (s - 3)) for s in range(1, 9)) + tuple(
+    (2, s, 60.0 + 4.0 * s) for s in range(1, 9))
+
+
+def test_batch_share_follows_measured_speedup() -> None:
+    rates = rates_of(FLAT_THEN_RISING)
+    # a batch that decodes no faster does no more arithmetic and draws no more power
+    assert batch_share(1, 1, 8, rates) == batch_share(3, 1, 8, rates) == pytest.approx(0.7)
+    assert batch_share(8, 1, 8, rates) == pytest.approx(1.0)
+    assert 0.7 < batch_share(4, 2, 8, rates) < batch_share(6, 2, 8, rates) < 1.0
+    # without figures: linear in the batch, as before
+    assert batch_share(4, 1, 8) == pytest.approx(0.8)
+    # a full batch costs the same in both models, so full-slot levels keep their loads
+    assert estimated_load(8, 2, 0.6, 8, 2, 1, rates) == pytest.approx(estimated_load(8, 2, 0.6, 8, 2, 1))
+
+
+def test_levels_name_the_batch_background_work_runs_best_at() -> None:
+    rates = rates_of(FLAT_THEN_RISING)
+    # one thread: a 4th sequence adds heat for 2 % more tokens; three decode as fast as one
+    assert best_batch(8, 1, 1.0, 0, 8, 2, rates) == 3
+    # two threads at full duty gain from every sequence: no cap
+    assert best_batch(8, 2, 1.0, 0, 8, 2, rates) == 8
+    assert best_batch(8, 2, 1.0, 0, 8, 2, {}) == 0  # no figures, no cap
+    ladder = build_ladder(8, 2, decode_tps=FLAT_THEN_RISING)
+    assert ladder[0].batch == 8
+    one_thread = [lv for lv in ladder[2:-1] if lv.knobs.n_threads == 1 and lv.knobs.active_limit == 8]
+    assert one_thread and all(lv.batch == 3 for lv in one_thread)
+    # on the real calibration the cheap end of the ladder caps background work below every slot
+    real = build_ladder(8, 2, decode_tps=load_throughput().decode_table(8))
+    assert any(0 < lv.batch < 8 for lv in real[2:-1])

@@ -189,3 +189,20 @@ def test_edge_sim_repeats_per_seed(tp: ThroughputModel, capsys: pytest.CaptureFi
     assert args.func(args) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[0] == "seed" and len(table) == 3
+
+
+def test_sim_engine_counts_interactive_requests_still_waiting_for_a_first_token(tp: ThroughputModel) -> None:
+    from edge.runtime.types import Knobs, Priority
+    from edge.sim.engine import SimEngine
+    from edge.sim.workloads import Client, SimRequest
+
+    eng = SimEngine(tp, 4, Knobs(4, 2), model_bytes=0, kv_bytes_per_cell=0, kv_cells_total=1 << 16)
+    chat = Client("c", Priority.INTERACTIVE, (1, 1), (50, 50))
+    batch = Client("b", Priority.BACKGROUND, (1, 1), (50, 50))
+    eng.submit(SimRequest(0, chat, Priority.INTERACTIVE, 600, 50, 0.0))  # ~4.5 s of prefill at 2 threads
+    eng.submit(SimRequest(1, batch, Priority.BACKGROUND, 10, 50, 0.0))
+    eng.step(0.0, 0.25, 1.0)
+    assert eng.stats().interactive_awaiting_first == 1  # prefilling in a slot: the user still waits
+    for i in range(1, 40):
+        eng.step(0.25 * i, 0.25, 1.0)
+    assert eng.stats().interactive_awaiting_first == 0  # streaming now
