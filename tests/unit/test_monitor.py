@@ -322,6 +322,8 @@ def test_fast_slope_sees_a_sudden_rise_the_window_fit_still_averages_away() -> N
     assert r.fast_slope_c_per_s is not None and r.slope_c_per_s is not None
     assert r.fast_slope_c_per_s > 0.2  # most of the true 0.3 C/s ...
     assert r.slope_c_per_s < 0.1  # ... while the window fit has seen little of it
+    inp = ControlInput.from_reading(r)  # and the controller gets both, with the raw reading
+    assert inp.fast_slope_c_per_s == r.fast_slope_c_per_s and inp.raw_temp_c == r.raw_temp_c
 
 
 def test_no_fast_slope_from_too_few_readings() -> None:
