@@ -275,10 +275,10 @@ def decide(
                 # R_die * dP within seconds, before any forecast can see it
                 step = min(budget_up - cfg.hysteresis_load, cur_load + MAX_UP_LOAD_STEP)
                 level = min(level, max(target_up, level_for_budget(ladder, step)))
-        pre_guard = _pre_guard(inp, t_guard, cfg)
-        if pre_guard and state.mode is not ThermalMode.GUARD:
-            # right under the guard and rising fast: the 15 s slope has not seen it yet (a fan
-            # just failed, demand jumped back onto a high cap); cut now rather than at the guard
+        # right under the guard and rising fast: the 15 s slope has not seen it yet (a fan just
+        # failed, demand jumped back onto a high cap); cut now rather than at the guard
+        pre_guard = "" if state.mode is ThermalMode.GUARD else _pre_guard(inp, t_guard, cfg)
+        if pre_guard:
             level = max(level, level_at_most(ladder, applied * cfg.pre_guard_cut))
         if level == 0:
             mode, reason = ThermalMode.NOMINAL, f"{temp:.1f} C, forecast {forecast:.1f} C: full speed"
@@ -322,12 +322,11 @@ def decide(
                                   headroom, rates_for(cfg))
         reason = f"{reason}; interactive first, background parked"
         tags.append("limiting:background_parked")
-    elif n_background > 0 and not knobs.paused and 0 < ladder[level].batch < knobs.active_limit:
+    elif n_background > 0 and not knobs.paused and ladder[level].batch > 0:
         # background work runs at the batch that gives the most tokens per heat; interactive
         # requests are never held back by it
-        batch = max(ladder[level].batch, min(n_interactive, cfg.n_slots))
-        if batch < knobs.active_limit:
-            knobs = replace(knobs, active_limit=batch)
+        batch = max(ladder[level].batch, n_interactive)
+        knobs = replace(knobs, active_limit=min(knobs.active_limit, batch))
     if mode in (ThermalMode.LIMITING, ThermalMode.CONSERVATIVE) and n_interactive == 0 \
             and not knobs.admit_background:
         knobs = replace(knobs, admit_background=True)  # background alone is the workload

@@ -122,6 +122,12 @@ def rates_of(decode_tps: DecodeTable) -> Rates:
     return {(t, s): v for t, s, v in decode_tps if v > 0}
 
 
+def expected_tps(rates: Rates, threads: int, duty: float, off: int, sequences: int) -> float:
+    """Tokens/s of a duty cycle: `duty` of the time at `threads`, the rest at `off` threads (0: idle)."""
+    rest = rate(rates, off, sequences) if off else 0.0
+    return duty * rate(rates, threads, sequences) + (1.0 - duty) * rest
+
+
 def best_batch(active: int, threads: int, duty: float, off: int, n_slots: int, max_threads: int,
                rates: Rates) -> int:
     """Batch size (at most `active`) with the most expected tokens per estimated load; 0 without figures.
@@ -137,8 +143,7 @@ def best_batch(active: int, threads: int, duty: float, off: int, n_slots: int, m
     best_n, best = active, -1.0
     for n in range(active, 0, -1):
         load = estimated_load(n, threads, duty, n_slots, max_threads, off, rates)
-        tps = duty * rate(rates, threads, n) + (1.0 - duty) * (rate(rates, off, n) if off else 0.0)
-        value = tps / load if load > 0 else 0.0
+        value = expected_tps(rates, threads, duty, off, n) / load if load > 0 else 0.0
         if value > best * 1.01:
             best_n, best = n, value
     return best_n
@@ -162,8 +167,7 @@ def _efficient(combos: list[tuple[int, float, int]], n_slots: int,
     kept: list[tuple[int, float, int]] = []
     best = 0.0
     for threads, duty, off in reversed(combos):  # cheapest first
-        off_rate = rate(table, off, n_slots) if off else 0.0
-        value = duty * rate(table, threads, n_slots) + (1.0 - duty) * off_rate
+        value = expected_tps(table, threads, duty, off, n_slots)
         if value > best * 1.01:
             kept.append((threads, duty, off))
             best = value
