@@ -14,7 +14,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["edge", "edge.*"]),
     include_package_data=True,
-    package_data={"edge": ["py.typed"]},
+    package_data={"edge": ["py.typed", "api/static/*.html"]},  # the chat page served at /
     install_requires=[
         "numpy>=1.24",
         # The low-level API (batch, memory, sampler chain) moves between releases:
@@ -41,6 +41,8 @@ setup(
             "ruff>=0.6",
             "openai>=1.40",  # end-to-end tests drive the server with the official SDK
             "httpx>=0.27",
+            # the chat page's browser test drives Debian's /usr/bin/chromium (never `playwright install`)
+            "playwright>=1.40",
         ],
     },
     entry_points={"console_scripts": ["edge=edge.cli:main"]},

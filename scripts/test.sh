@@ -5,4 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check edge tests scripts
+# The chat page's browser test (tests/e2e/test_chat_page.py) needs Debian's Chromium.
+if [ ! -x /usr/bin/chromium ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends chromium \
+        || { apt-get update && apt-get install -y --no-install-recommends chromium; }
+fi
 .venv/bin/python -m pytest -q "$@"

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from edge import __version__
-from edge.api import openai, ops
+from edge.api import openai, ops, page
 from edge.api.admission import AdmissionLike, BoundedAdmission
 from edge.api.errors import error_payload, to_http
 from edge.api.metrics import ApiMetrics
@@ -77,6 +77,7 @@ def create_app(
     app.state.edge = st
     app.include_router(openai.router)
     app.include_router(ops.router)
+    app.include_router(page.router)  # GET /: the built-in chat page
     _install_handlers(app)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)

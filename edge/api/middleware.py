@@ -21,10 +21,20 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# Probes must work without a key (systemd, load balancers); they reveal nothing.
-PUBLIC_PATHS: frozenset[str] = frozenset({"/health", "/ready"})
+# Probes must work without a key (systemd, load balancers); they reveal nothing. Nor does
+# the chat page at "/": its API calls carry the key the user types into it.
+PUBLIC_PATHS: frozenset[str] = frozenset({"/health", "/ready", "/"})
 KNOWN_PATHS: frozenset[str] = frozenset(
-    {"/health", "/ready", "/metrics", "/v1/status", "/v1/models", "/v1/chat/completions", "/v1/completions"}
+    {
+        "/",
+        "/health",
+        "/ready",
+        "/metrics",
+        "/v1/status",
+        "/v1/models",
+        "/v1/chat/completions",
+        "/v1/completions",
+    }
 )
 
 
