@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from edge.errors import ConfigError
+from edge.kvcache import KVType
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,7 +33,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
 PROFILES_DIR = CONFIGS_DIR / "devices"
 
-KVType = Literal["f16", "q8_0", "q4_0"]
 
 
 def _default_models_dir() -> Path:

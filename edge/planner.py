@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from edge.errors import ConfigError
-from edge.gguf.info import KV_TYPE_BLOCKS, GGUFInfo
+from edge.gguf.info import GGUFInfo, kv_row_bytes
+from edge.kvcache import kv_type_problem
 
 MIB = 1 << 20
 CTX_PAD = 256  # llama.cpp pads n_ctx (and the SWA cache) to a multiple of 256
@@ -142,11 +143,6 @@ def _pad(n: int, to: int = CTX_PAD) -> int:
     return -(-n // to) * to
 
 
-def _row_bytes(kv_type: str, n: int) -> int:
-    block, size = KV_TYPE_BLOCKS[kv_type]
-    return -(-n // block) * size
-
-
 def swa_cells(info: GGUFInfo, n_ctx: int, n_slots: int, n_ubatch: int, swa_full: bool = False) -> int:
     """Cells of the sliding-window cache (0 when the model has no SWA layers)."""
     if not info.n_swa_layers or not info.sliding_window:
@@ -165,7 +161,8 @@ def kv_bytes_by_layer(
     for il in range(info.n_layer):
         cells = n_swa_cells if info.swa_layers[il] and n_swa_cells else n_ctx
         out.append(
-            cells * (_row_bytes(kv_type, info.n_embd_k_gqa(il)) + _row_bytes(kv_type, info.n_embd_v_gqa(il)))
+            cells * (kv_row_bytes(kv_type, info.n_embd_k_gqa(il))
+                     + kv_row_bytes(kv_type, info.n_embd_v_gqa(il)))
         )
     return out
 
@@ -225,8 +222,9 @@ def _split(info: GGUFInfo, n_gpu_layers: int, kv_layers: list[int]) -> _Split:
 def _validate_args(
     info: GGUFInfo, n_ctx: int | None, n_slots: int, kv_type: str, gpu_layers: int | str
 ) -> None:
-    if kv_type not in ("f16", "q8_0", "q4_0"):
-        raise ConfigError("kv_type", f"{kv_type!r} is not one of f16, q8_0, q4_0")
+    problem = kv_type_problem(kv_type)
+    if problem is not None:
+        raise ConfigError("kv_type", problem)
     if n_slots < 1:
         raise ConfigError("slots", f"must be at least 1, not {n_slots}")
     if n_ctx is not None and n_ctx < 1:

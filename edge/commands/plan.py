@@ -17,6 +17,7 @@ from edge.commands.inspect import resolve_model_path
 from edge.config import DeviceProfile, Settings, load_profile
 from edge.errors import InvalidRequest
 from edge.gguf import validate_gguf
+from edge.kvcache import KV_CACHE_TYPES, kv_type_problem
 from edge.planner import MemoryPlan, plan_memory
 
 T = TypeVar("T")
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     # Values are parsed in run(), so a bad one is a one-line error with exit 1, like every EdgeError.
     p.add_argument("--ctx", default=None, help="context tokens (default: largest that fits)")
     p.add_argument("--slots", default=None, help="parallel sequences sharing the KV cache")
-    p.add_argument("--kv-type", default=None, help="KV cache type: f16, q8_0 or q4_0")
+    p.add_argument("--kv-type", default=None, help=f"KV cache type: {', '.join(KV_CACHE_TYPES)}")
     p.add_argument(
         "--memory",
         default=None,
@@ -77,8 +78,9 @@ def _gpu_layers(text: str, param: str) -> int | str:
 
 
 def _kv_type(text: str, param: str) -> str:
-    if text not in ("f16", "q8_0", "q4_0"):
-        raise InvalidRequest(f"--{param}: {text!r} is not one of f16, q8_0, q4_0", param)
+    problem = kv_type_problem(text)
+    if problem is not None:
+        raise InvalidRequest(f"--{param}: {problem}", param)
     return text
 
 

@@ -22,6 +22,7 @@ from gguf.constants import LlamaFileType
 
 from edge.errors import InvalidGGUF
 from edge.gguf.reader import KEEP_STRING_BYTES_MAX, GGUFArray, RawGGUF, SkippedString
+from edge.kvcache import KV_CACHE_TYPES
 
 # KV cache element types → (block size, bytes per block), as ggml_row_size uses them.
 KV_TYPE_BLOCKS: dict[str, tuple[int, int]] = {
@@ -156,7 +157,7 @@ def info_to_json(info: GGUFInfo) -> dict[str, Any]:
         "n_ctx_train": info.n_ctx_train,
         "sliding_window": info.sliding_window,
         "swa_layers": [il for il, swa in enumerate(info.swa_layers) if swa],
-        "kv_bytes_per_token": {t: info.kv_bytes_per_token(t) for t in ("f16", "q8_0", "q4_0")},
+        "kv_bytes_per_token": {t: info.kv_bytes_per_token(t) for t in KV_CACHE_TYPES},
         "chat_template": info.chat_template is not None,
         "license": info.license,
         "tokenizer_model": info.tokenizer_model,

@@ -12,15 +12,16 @@ chat_template) import nothing from llama_cpp, so `edge.runtime.types` stays chea
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-# OpenMP reads its wait policy once, when llama_cpp loads its native libraries; every
-# submodule that imports llama_cpp runs this package's __init__ first, so this is the one
-# place that is always early enough. Why passive: see OMP_POLICY_WHY in edge/runtime/model.py.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+from edge.runtime.threads import apply_wait_policy
 
-from edge.runtime.types import (
+# OpenMP reads its wait policy once, when llama_cpp loads its native libraries; every submodule
+# that imports llama_cpp runs this package's __init__ first, so this is always early enough.
+WAIT_POLICY = apply_wait_policy()
+
+from edge.runtime.types import (  # noqa: E402
+    CompletionResult,
     EngineState,
     EngineStats,
     FinishReason,
@@ -35,7 +36,6 @@ from edge.runtime.types import (
 if TYPE_CHECKING:
     from edge.runtime.engine import Engine
     from edge.runtime.handle import RequestHandle
-    from edge.runtime.sequence import CompletionResult
 
 __all__ = [
     "CompletionResult",
@@ -55,7 +55,6 @@ __all__ = [
 _LAZY = {
     "Engine": "edge.runtime.engine",
     "RequestHandle": "edge.runtime.handle",
-    "CompletionResult": "edge.runtime.sequence",
 }
 
 

@@ -10,7 +10,6 @@ by edge.sim.throughput. Run: `python -m edge.runtime.calibrate --model PATH`.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime as dt
 import json
 import os
@@ -24,43 +23,31 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
-from edge.errors import DecodeFailed, ModelLoadError
-from edge.runtime.model import extra_buffers
+from edge.errors import DecodeFailed
+from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "configs" / "throughput" / "cpu-2core-smollm2.json"
 PROMPT = ("You are a helpful assistant. Explain in a few sentences why the sky is blue, "
           "and mention Rayleigh scattering and the wavelengths involved. ") * 4
 
-_log_cb = L.llama_log_callback(lambda level, text, user: None)  # keep a reference: C holds it
-
-
 class _Context:
-    """A model and context sized for the calibration, freed on close."""
+    """A model and context sized for the calibration (made as the engine makes its own, so it
+    runs the same kernels), freed on close."""
 
     def __init__(self, model_path: Path, n_seq: int, n_ctx: int) -> None:
-        L.llama_log_set(_log_cb, ctypes.c_void_p(0))
-        L.llama_backend_init()
-        mp = L.llama_model_default_params()
-        mp.use_extra_bufts = extra_buffers()  # the same kernels the engine will run
-        self.model = L.llama_model_load_from_file(str(model_path).encode(), mp)
-        if not self.model:
-            raise ModelLoadError(str(model_path), "llama_model_load_from_file returned NULL")
-        cp = L.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, n_seq
-        cp.kv_unified = True
-        self.ctx = L.llama_init_from_model(self.model, cp)
-        if not self.ctx:
-            L.llama_model_free(self.model)
-            raise ModelLoadError(str(model_path), "llama_init_from_model returned NULL")
-        self.vocab = L.llama_model_get_vocab(self.model)
-        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.llm = LlamaModel(model_path)
+        try:
+            self.lctx = LlamaContext(self.llm, ContextConfig(n_ctx=n_ctx, n_batch=512, n_ubatch=512,
+                                                             n_seq_max=n_seq))
+        except BaseException:
+            self.llm.close()
+            raise
+        self.ctx = self.lctx.ptr
+        self.n_vocab = self.llm.n_vocab
         self.batch = L.llama_batch_init(512, 0, n_seq)
 
     def tokenize(self, text: str) -> list[int]:
-        raw = text.encode()
-        buf = (L.llama_token * (len(raw) + 8))()
-        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), True, False)
-        return list(buf[: max(0, n)])
+        return self.llm.tokenize(text, add_bos=True, parse_special=False)
 
     def decode(self, items: list[tuple[int, int, int, bool]]) -> None:
         """items: (token, pos, seq_id, wants_logits)."""
@@ -78,12 +65,12 @@ class _Context:
         return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))))
 
     def clear(self) -> None:
-        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        self.lctx.clear()
 
     def close(self) -> None:
         L.llama_batch_free(self.batch)
-        L.llama_free(self.ctx)
-        L.llama_model_free(self.model)
+        self.lctx.close()
+        self.llm.close()
 
 
 def _fast_rate(units: list[float], times_s: list[float], quantile: float) -> float:

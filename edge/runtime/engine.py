@@ -1,16 +1,16 @@
-"""The engine: one thread owns the llama context and runs continuous batching.
+"""The engine: the any-thread API over three parts, each owning its own state.
 
-This file is the any-thread API (lifecycle, submit, knobs, stats); the engine
-thread's step loop lives in `edge/runtime/steploop.py`. Each step:
-  1. take new requests, knobs and cancellations (one short critical section);
-  2. admit waiting requests to idle slots, reusing the longest cached prefix;
-  3. choose who runs (`Knobs.active_limit`; surplus is parked with its KV kept);
-  4. build ONE llama_batch: one token per decoding sequence, then prompt chunks;
-  5. llama_decode; on failure retry without the sequences that cannot fit;
-  6. sample each sequence with its own llama.cpp chain and hand text to its handle.
-Any thread or asyncio task may call `submit()`; the thread sleeps on a
-Condition when there is nothing to do. The public conveniences (`complete`,
-`stream`, `chat`, `from_settings`) live in `edge/runtime/facade.py`.
+    Engine (any thread) ── Mailbox ──► StepLoop (engine thread) ── Residency (model, context)
+
+`Engine` validates and tokenizes in the caller's thread (so a bad request fails
+before it is queued), posts a `Sequence` to the `Mailbox`, and reads the step
+loop's published `EngineStats`. The `StepLoop` (steploop.py) runs continuous
+batching: each step takes mail, admits waiting requests to idle slots reusing the
+longest cached prefix, splits slot holders into active and parked
+(`Knobs.active_limit`), builds ONE llama_batch, decodes, samples each sequence
+with its own sampler and hands text to its handle. `Residency` (residency.py) owns
+the model and context, and unloads them after `keep_alive_s` idle.
+The friendly functions (`complete`, `chat`, `stream`) live in facade.py.
 """
 
 from __future__ import annotations
@@ -20,31 +20,34 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from edge.clock import Clock, SystemClock
 from edge.config import Settings
-from edge.errors import ContextOverflow, EngineStopped, InvalidRequest
-from edge.runtime.batch import Batch
-from edge.runtime.chat_template import ChatTemplate, load_template
-from edge.runtime.facade import EngineConveniences
+from edge.errors import ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
+from edge.runtime import facade
 from edge.runtime.handle import RequestHandle
-from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
-from edge.runtime.residency import Residency
-from edge.runtime.sampling import GrammarFirstLast, build_sampler, free_chain, validate_sampling
+from edge.runtime.mailbox import Mailbox
+from edge.runtime.model import LlamaModel
+from edge.runtime.residency import LoadSpec, Residency
+from edge.runtime.sampling import build_sampler, validate_sampling
 from edge.runtime.sequence import Sequence, StepPerf, empty_stats
-from edge.runtime.slots import Slot, admission_key
-from edge.runtime.steploop import StepLoop
-from edge.runtime.types import EngineState, EngineStats, GenerationRequest, Knobs, Priority
+from edge.runtime.slots import admission_key
+from edge.runtime.steploop import SampleHook, StepLoop
+from edge.runtime.types import (
+    CompletionResult,
+    EngineState,
+    EngineStats,
+    GenerationRequest,
+    Knobs,
+    TokenEvent,
+)
 
-_ACCEPTING = (EngineState.READY, EngineState.PAUSED, EngineState.UNLOADED, EngineState.LOADING)
-SampleHook = Callable[[GenerationRequest, int], int]  # (request, token) -> token; tests inject faults
 
-
-class Engine(EngineConveniences, Residency, StepLoop):
+class Engine:
     """Continuous-batching engine over llama.cpp; implements `EngineLike`.
 
     `settings`, when given, supplies slots, n_batch and kv_type, and n_ctx / n_threads where
@@ -85,139 +88,86 @@ class Engine(EngineConveniences, Residency, StepLoop):
         self.model_path = str(model_path)
         self.model_name = Path(model_path).stem
         self.n_slots = n_slots
-        self._n_ctx_req = n_ctx or 4096
-        self.n_ctx = self._n_ctx_req
-        self._n_batch = n_batch
-        self._kv_type = kv_type
-        self._n_gpu_layers = n_gpu_layers
-        self._budget = max(1, step_token_budget)
-        self._template_override = chat_template
-        self._clock: Clock = clock or SystemClock()
-        self._sample_hook = sample_hook
-        n_threads = n_threads or max(1, os.cpu_count() or 1)
-        self._knobs = Knobs(active_limit=n_slots, n_threads=n_threads)
-
-        self._cond = threading.Condition(threading.Lock())
-        self._inbox: list[Sequence] = []
-        self._dirty = False  # something for the loop to look at (submit, cancel, knobs, stop)
-        self._cancel_seen = False
-        self._stopping = False
-        self._state = EngineState.LOADING
+        self.plan: Any = None  # the MemoryPlan when built by from_settings (shown by /v1/status)
+        clock = clock or SystemClock()
+        self._clock = clock
+        self._knobs = Knobs(active_limit=n_slots, n_threads=n_threads or max(1, os.cpu_count() or 1))
+        spec = LoadSpec(self.model_path, n_ctx or 4096, n_batch, n_slots, kv_type, n_gpu_layers, warmup)
+        self.residency = Residency(spec, clock, keep_alive_s, idle_poll_s, chat_template)
+        self._box = Mailbox(self._knobs)
+        self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook)
         self._thread: threading.Thread | None = None
         self._arrival = itertools.count()
 
-        self.plan: Any = None  # the MemoryPlan when built by from_settings
-        self.model: LlamaModel | None = None
-        self._ctx: LlamaContext | None = None
-        self._template: ChatTemplate | None = None
-        self._stats: EngineStats | None = None
-        # step-loop state (engine thread only)
-        self._waiting: list[tuple[tuple[int, int], int, Sequence]] = []
-        self._running: dict[int, Sequence] = {}
-        self._slots = [Slot(i) for i in range(n_slots)]
-        self._step_no = 0
-        self._runnable = False  # the last step left something to run without new input
-        self._freed = False  # a slot became idle during this step (waiting work may fit now)
-        self._sample_s = 0.0
-        self._decode_s = 0.0
-        self._totals = [0, 0, 0]  # decoded, prefilled, steps
-        self.perf = StepPerf()
-        # residency (keep-alive unload / reload; see edge/runtime/residency.py)
-        self._keep_alive_s = keep_alive_s
-        self._idle_poll_s = max(0.001, idle_poll_s)
-        self._warmup = warmup
-        self._model_lock = threading.Lock()  # model swaps vs tokenization on other threads
-        self._vocab: LlamaModel | None = None  # vocab-only model, kept once made (samplers use it)
-        self._unload_waiters: list[Any] = []
-        self._last_active_s = self._clock.monotonic()
-        self._off_owed_s = 0.0  # off-duty stepping time owed (knobs.off_threads > 0, duty < 1)
+    @classmethod
+    def from_settings(
+        cls,
+        model_ref: str | Path,
+        settings: Settings | None = None,
+        *,
+        available_bytes: Callable[[], int] | None = None,
+        **kw: Any,
+    ) -> Engine:
+        """Resolve `model_ref` (path or store name), validate the GGUF file, plan memory, and
+        build an (unstarted) Engine sized by the plan. Raises InvalidGGUF, ModelNotFound,
+        InsufficientMemory. `available_bytes` replaces the memory probe (tests)."""
+        from edge.runtime.loading import plan_for
+
+        settings = settings or Settings()
+        probe = {"available_bytes": available_bytes} if available_bytes is not None else {}
+        path, plan = plan_for(model_ref, settings, **probe)
+        if not plan.fits:
+            raise InsufficientMemory(plan.total_bytes, plan.available_bytes, f"{path.name} ({plan.reason})")
+        kw.setdefault("n_ctx", plan.n_ctx)
+        kw.setdefault("n_gpu_layers", plan.n_gpu_layers)
+        kw.setdefault("kv_type", plan.kv_type)
+        kw.setdefault("n_slots", settings.slots)
+        kw.setdefault("n_batch", settings.n_batch)
+        kw.setdefault("n_threads", settings.threads)
+        kw.setdefault("keep_alive_s", settings.keep_alive_s)
+        engine = cls(path, **kw)
+        engine.plan = plan
+        return engine
 
     # --- lifecycle ---------------------------------------------------------
 
     def load(self) -> None:
         """Load weights and create the context before `start()` (idempotent). Raises
-        ModelLoadError. Reloads after an unload happen on the engine thread (`Residency`)."""
-        if self._ctx is not None:
+        ModelLoadError. Reloads after an unload happen on the engine thread."""
+        if self.residency.loaded:
             return
         try:
-            model, ctx = self._open()
+            model, ctx = self.residency.open(self._knobs.n_threads)
         except BaseException:
-            self._state = EngineState.FAILED
+            self._box.set_state(EngineState.FAILED)
             raise
-        self._install(model, ctx)
-
-    def _open(self) -> tuple[LlamaModel, LlamaContext]:
-        model = LlamaModel(self.model_path, n_gpu_layers=self._n_gpu_layers)
-        try:
-            n_ctx = min(self._n_ctx_req, model.n_ctx_train) if model.n_ctx_train > 0 else self._n_ctx_req
-            cfg = ContextConfig(
-                n_ctx=n_ctx,
-                n_batch=self._n_batch,
-                n_ubatch=self._n_batch,
-                n_seq_max=self.n_slots,
-                n_threads=self._knobs.n_threads,
-                kv_type=self._kv_type,
-            )
-            ctx = LlamaContext(model, cfg)
-        except BaseException:
-            model.close()
-            raise
-        if self._warmup:
-            try:
-                ctx.warm_up(model)
-            except BaseException:
-                ctx.close()
-                model.close()
-                raise
-        return model, ctx
-
-    def _install(self, model: LlamaModel, ctx: LlamaContext) -> None:
-        """Make a freshly opened model and context current (the vocab-only model stays alive:
-        samplers built while unloaded point at its vocabulary)."""
-        with self._model_lock:
-            self.model, self._ctx = model, ctx
-        self.n_ctx = ctx.n_ctx_seq
-        self._n_batch = ctx.n_batch
-        if self._template is None:
-            self._template = load_template(
-                self._template_override or model.chat_template(),
-                model.token_text(model.bos_id),
-                model.token_text(model.eos_id),
-            )
-        self._batch = Batch(self._n_batch)
-        self._publish_stats(0.0, 0.0, 0, 0)
+        self.residency.install(model, ctx)
+        self._loop.publish(0.0, 0.0, 0, 0)
 
     def start(self) -> None:
         """Load (if needed) and start the engine thread. State becomes READY."""
         if self._thread is not None:
             return
         self.load()
-        self._state = EngineState.PAUSED if self._knobs.paused else EngineState.READY
-        self._thread = threading.Thread(target=self._run, name="edge-engine", daemon=True)
+        self._box.set_state(EngineState.PAUSED if self._knobs.paused else EngineState.READY)
+        self._thread = threading.Thread(target=self._loop.run, name="edge-engine", daemon=True)
         self._thread.start()
 
     def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Refuse new work; let running requests finish for up to `drain_timeout_s`; then fail
         what is left with EngineStopped, free the context and the model."""
-        with self._cond:
-            if self._state in (EngineState.STOPPED, EngineState.FAILED) and self._thread is None:
-                return
-            self._state = EngineState.DRAINING
-            self._dirty = True
-            self._cond.notify_all()
+        if not self._box.begin_drain() and self._thread is None:
+            return
         deadline = time.monotonic() + max(0.0, drain_timeout_s)
         while self._thread is not None and time.monotonic() < deadline and self._busy():
             time.sleep(0.01)
-        with self._cond:
-            self._stopping = True
-            self._dirty = True
-            self._cond.notify_all()
+        self._box.ask_stop()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._fail_all(EngineStopped())
-        self._release()
-        self._state = EngineState.STOPPED
+        self._loop.fail_all(EngineStopped())
+        self.residency.release()
+        self._box.set_state(EngineState.STOPPED)
 
     def __enter__(self) -> Engine:
         self.start()
@@ -227,66 +177,86 @@ class Engine(EngineConveniences, Residency, StepLoop):
         self.stop()
 
     def _busy(self) -> bool:
-        with self._cond:
-            return bool(self._inbox or self._waiting or self._running)
-
-    def _release(self) -> None:
-        if self._ctx is not None:
-            self._batch.free()
-            self._ctx.close()
-            self._ctx = None
-        with self._model_lock:
-            for m in {id(x): x for x in (self.model, self._vocab) if x is not None}.values():
-                m.close()
-            self.model = self._vocab = None
+        return self._box.pending()[0] > 0 or not self._loop.idle
 
     @property
     def state(self) -> EngineState:
-        return self._state
+        return self._box.state
 
-    # --- requests ----------------------------------------------------------
+    @property
+    def model(self) -> LlamaModel | None:
+        """The loaded model (the vocabulary-only one while unloaded)."""
+        return self.residency.model
+
+    @property
+    def n_ctx(self) -> int:
+        """Context length per sequence (the requested one until the model is loaded)."""
+        return self.residency.n_ctx
+
+    @property
+    def perf(self) -> StepPerf:
+        return self._loop.perf
+
+    @property
+    def keep_alive_s(self) -> float | None:
+        return self.residency.keep_alive_s
+
+    # --- text --------------------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         """Works while unloaded too (the vocabulary-only model answers)."""
-        with self._model_lock:
+        with self.residency.lock:
             return self._need_model().tokenize(text, add_bos=add_bos)
 
     def detokenize(self, tokens: list[int]) -> str:
-        with self._model_lock:
+        with self.residency.lock:
             return self._need_model().detokenize(tokens)
 
     @property
     def has_chat_template(self) -> bool:
         """False for base models: `render_chat` then uses the documented plain fallback."""
-        return self._template is not None and not self._template.is_fallback
+        t = self.residency.template
+        return t is not None and not t.is_fallback
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """Render with the model's template. The text starts with the BOS text exactly when the
         model wants a BOS, so submit it with `add_bos=False` (a double BOS is removed anyway)."""
         model = self._need_model()
-        assert self._template is not None
-        text = self._template.render(messages, add_generation_prompt)
-        bos = self._template.bos_token
+        template = self.residency.template
+        assert template is not None
+        text = template.render(messages, add_generation_prompt)
+        bos = template.bos_token
         if model.add_bos and bos and not text.startswith(bos):
             text = bos + text
         return text
 
-    def submit(self, request: GenerationRequest) -> RequestHandle:
+    # --- requests ----------------------------------------------------------
+
+    def submit(self, request: GenerationRequest, on_start: Callable[[], None] | None = None) -> RequestHandle:
         """Queue a request; raises InvalidRequest, ContextOverflow or EngineStopped, never later.
         While UNLOADED the request is accepted and waits for the reload (ModelLoadError in its
-        final event if that fails)."""
-        with self._model_lock:  # an unload cannot free the model (or its vocab) under us
-            return self._submit(request)
+        final event if that fails). `on_start` runs on the engine thread when it gets a slot."""
+        with self.residency.lock:  # an unload cannot free the model (or its vocab) under us
+            seq = self._sequence(request, on_start)
+            try:
+                self._box.post(seq)
+            except EngineStopped:
+                assert seq.sampler is not None
+                seq.sampler.free()
+                raise
+        return seq.handle
 
-    def _submit(self, request: GenerationRequest) -> RequestHandle:
+    def _sequence(self, request: GenerationRequest, on_start: Callable[[], None] | None) -> Sequence:
+        state = self._box.state
         model = self._need_model()
-        if self._state not in _ACCEPTING:
-            raise EngineStopped(f"engine is {self._state.value}")
+        if state not in (EngineState.READY, EngineState.PAUSED, EngineState.UNLOADED, EngineState.LOADING):
+            raise EngineStopped(f"engine is {state.value}")
         if isinstance(request.prompt, str):
             prompt = model.tokenize(request.prompt, add_bos=request.add_bos)
         else:
             prompt = list(request.prompt)
-            if any(not isinstance(t, int) or not 0 <= t < model.n_vocab for t in prompt):
+            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < model.n_vocab
+                   for t in prompt):
                 raise InvalidRequest("prompt contains token ids outside the vocabulary", param="prompt")
         if not prompt:
             raise InvalidRequest("prompt is empty", param="prompt")
@@ -297,64 +267,64 @@ class Engine(EngineConveniences, Residency, StepLoop):
         if any(not isinstance(s, str) for s in request.stop):
             raise InvalidRequest("stop must be a list of strings", param="stop")
         validate_sampling(request.sampling, model.n_vocab)
-        chain = build_sampler(request.sampling, model.vocab, model.n_vocab)
-        rid = request.request_id or uuid.uuid4().hex
-        handle = RequestHandle(rid, on_cancel=self._on_cancel)
-        seq = Sequence(
-            request,
-            prompt,
-            chain,
-            handle,
-            admission_key(request.priority, next(self._arrival)),
-            self._clock.monotonic(),
-        )
-        with self._cond:
-            if self._state not in _ACCEPTING:
-                if isinstance(chain, GrammarFirstLast):
-                    chain.free()
-                else:
-                    free_chain(chain)
-                raise EngineStopped(f"engine is {self._state.value}")
-            self._inbox.append(seq)
-            self._dirty = True
-            self._cond.notify()
-        return handle
+        sampler = build_sampler(request.sampling, model.vocab, model.n_vocab)
+        handle = RequestHandle(request.request_id or uuid.uuid4().hex, on_cancel=self._box.poke_cancel)
+        key = admission_key(request.priority, next(self._arrival))
+        return Sequence(request, prompt, sampler, handle, key, self._clock.monotonic(), on_start)
 
     def apply(self, knobs: Knobs) -> None:
         """New knobs, effective at the next step."""
         if (knobs.active_limit < 0 or knobs.n_threads < 1 or not (0.0 < knobs.duty <= 1.0)
                 or not (0 <= knobs.off_threads < knobs.n_threads)):
             raise InvalidRequest(f"invalid knobs: {knobs}")
-        with self._cond:
-            self._knobs = knobs
-            if self._state in (EngineState.READY, EngineState.PAUSED):
-                self._state = EngineState.PAUSED if knobs.paused else EngineState.READY
-            self._dirty = True
-            self._cond.notify()
+        self._knobs = knobs
+        self._box.set_knobs(knobs)
 
     def stats(self) -> EngineStats:
-        s = self._stats
+        s = self._loop.stats
+        state = self._box.state
         if s is None:
-            return empty_stats(self._state, self.n_slots, self._knobs, self.n_ctx)
-        with self._cond:
-            extra = len(self._inbox)
-            extra_i = sum(1 for q in self._inbox if q.request.priority is Priority.INTERACTIVE)
-        if s.state is not self._state or extra:
-            s = replace(
-                s,
-                state=self._state,
-                waiting=s.waiting + extra,
-                waiting_interactive=s.waiting_interactive + extra_i,
-            )
+            return empty_stats(state, self.n_slots, self._knobs, self.n_ctx)
+        extra, extra_i = self._box.pending()
+        if s.state is not state or extra:
+            s = replace(s, state=state, waiting=s.waiting + extra,
+                        waiting_interactive=s.waiting_interactive + extra_i)
         return s
 
-    def _on_cancel(self) -> None:
-        with self._cond:
-            self._cancel_seen = True
-            self._dirty = True
-            self._cond.notify()
+    def unload(self, timeout_s: float | None = 60.0) -> bool:
+        """Free the weights and the context if the engine is idle (state becomes UNLOADED).
+        Returns True when unloaded (or already), False when there was work (nothing is
+        touched then) or the engine thread did not answer within `timeout_s`."""
+        if self._box.state is EngineState.UNLOADED:
+            return True
+        if self._thread is None:
+            raise EngineStopped(f"cannot unload: engine is {self._box.state.value}")
+        waiter = self._box.ask_unload()
+        waiter.done.wait(timeout_s)
+        return waiter.unloaded
+
+    def tick(self) -> None:
+        """Wake the engine thread to look at its idle timer now (tests with a manual clock;
+        in production it looks every `idle_poll_s` anyway)."""
+        self._box.wake()
+
+    def wait_for_state(self, state: EngineState, timeout_s: float = 60.0) -> bool:
+        """Block until the engine reaches `state` (True) or `timeout_s` passes (False)."""
+        return self._box.wait_for_state(state, timeout_s)
 
     def _need_model(self) -> LlamaModel:
-        if self.model is None:
-            raise EngineStopped(f"model not loaded (engine is {self._state.value})")
-        return self.model
+        return self.residency.need_model(self._box.state.value)
+
+    # --- the friendly API (facade.py) -----------------------------------------
+
+    def complete(self, prompt: str | list[int], **kw: Any) -> CompletionResult:
+        """Run one completion to the end (blocking). Raises the request's error if it failed."""
+        return facade.complete(self, prompt, **kw)
+
+    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> CompletionResult:
+        """Render `messages` with the model's chat template and complete the assistant turn."""
+        return facade.chat(self, messages, **kw)
+
+    def stream(self, prompt: str | list[int], **kw: Any) -> AsyncIterator[TokenEvent]:
+        """`async for ev in engine.stream(prompt, ...)`; leaving the loop early cancels."""
+        return facade.stream(self, prompt, **kw)

@@ -1,6 +1,7 @@
-"""The friendly face of `Engine`: `complete`, `chat`, `stream` and `from_settings`.
+"""The friendly Python API as functions over any `EngineLike`: `complete`, `chat`, `stream`.
 
-Kept apart from the step loop so engine.py stays about the engine thread.
+`Engine` exposes them as methods too (`engine.complete(...)`), but they need
+nothing beyond the engine protocol, so fakes and other engines get them for free.
 Keyword arguments are the `SamplingParams` fields plus `max_tokens`, `stop`,
 `priority`, `request_id`, `add_bos`.
 """
@@ -9,18 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import Any
 
-from edge.errors import InsufficientMemory, InvalidRequest
-from edge.runtime.sequence import CompletionResult
-from edge.runtime.types import FinishReason, GenerationRequest, SamplingParams, TokenEvent, Usage
-
-if TYPE_CHECKING:
-    from edge.config import Settings
-    from edge.runtime.engine import Engine
-    from edge.runtime.handle import RequestHandle
+from edge.errors import InvalidRequest
+from edge.runtime.types import (
+    CompletionResult,
+    EngineLike,
+    FinishReason,
+    GenerationRequest,
+    RequestHandleLike,
+    SamplingParams,
+    TokenEvent,
+    Usage,
+)
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 _REQUEST_FIELDS = {"max_tokens", "stop", "priority", "request_id", "add_bos"}
@@ -39,61 +42,28 @@ def build_request(prompt: str | list[int], **kw: Any) -> GenerationRequest:
     return GenerationRequest(prompt=prompt, sampling=sampling, **req)
 
 
-class EngineConveniences:
-    """Mixed into `Engine`; relies only on its public `submit`, `render_chat` and `load`."""
-
-    def complete(self: Engine, prompt: str | list[int], **kw: Any) -> CompletionResult:  # type: ignore[misc]
-        """Run one completion to the end (blocking). Raises the request's error if it failed."""
-        t0 = time.monotonic()
-        handle = self.submit(build_request(prompt, **kw))
-        return _collect(handle, t0)
-
-    def chat(self: Engine, messages: list[dict[str, Any]], **kw: Any) -> CompletionResult:  # type: ignore[misc]
-        """Render `messages` with the model's chat template and complete the assistant turn."""
-        kw.setdefault("add_bos", False)  # render_chat already wrote BOS text where the model wants it
-        return self.complete(self.render_chat(messages, add_generation_prompt=True), **kw)
-
-    async def stream(self: Engine, prompt: str | list[int], **kw: Any) -> AsyncIterator[TokenEvent]:  # type: ignore[misc]
-        """`async for ev in engine.stream(prompt, ...)`: events as they are produced; leaving the
-        loop early cancels the request."""
-        handle = self.submit(build_request(prompt, **kw))
-        async for ev in handle:
-            yield ev
-
-    @classmethod
-    def from_settings(
-        cls,
-        model_ref: str | Path,
-        settings: Settings | None = None,
-        *,
-        available_bytes: Callable[[], int] | None = None,
-        **kw: Any,
-    ) -> Engine:
-        """Resolve `model_ref` (path or store name), validate the GGUF file, plan memory, and
-        build an (unstarted) Engine sized by the plan. Raises InvalidGGUF, ModelNotFound,
-        InsufficientMemory. `available_bytes` replaces the memory probe (tests)."""
-        from edge.config import Settings as _Settings
-        from edge.runtime.loading import plan_for
-
-        settings = settings or _Settings()
-        probe = {"available_bytes": available_bytes} if available_bytes is not None else {}
-        path, plan = plan_for(model_ref, settings, **probe)
-        if not plan.fits:
-            what = f"{Path(path).name} ({plan.reason})"
-            raise InsufficientMemory(plan.total_bytes, plan.available_bytes, what)
-        kw.setdefault("n_ctx", plan.n_ctx)
-        kw.setdefault("n_gpu_layers", plan.n_gpu_layers)
-        kw.setdefault("kv_type", plan.kv_type)
-        kw.setdefault("n_slots", settings.slots)
-        kw.setdefault("n_batch", settings.n_batch)
-        kw.setdefault("n_threads", settings.threads)
-        kw.setdefault("keep_alive_s", settings.keep_alive_s)
-        engine = cls(path, **kw)
-        engine.plan = plan  # type: ignore[attr-defined]  # shown by /v1/status
-        return engine  # type: ignore[return-value]
+def complete(engine: EngineLike, prompt: str | list[int], **kw: Any) -> CompletionResult:
+    """Run one completion to the end (blocking). Raises the request's error if it failed."""
+    t0 = time.monotonic()
+    return collect(engine.submit(build_request(prompt, **kw)), t0)
 
 
-def _collect(handle: RequestHandle, t0: float) -> CompletionResult:
+def chat(engine: EngineLike, messages: list[dict[str, Any]], **kw: Any) -> CompletionResult:
+    """Render `messages` with the model's chat template and complete the assistant turn."""
+    kw.setdefault("add_bos", False)  # render_chat already wrote BOS text where the model wants it
+    return complete(engine, engine.render_chat(messages, add_generation_prompt=True), **kw)
+
+
+async def stream(engine: EngineLike, prompt: str | list[int], **kw: Any) -> AsyncIterator[TokenEvent]:
+    """`async for ev in stream(engine, prompt, ...)`: events as they are produced; leaving the
+    loop early cancels the request."""
+    handle = engine.submit(build_request(prompt, **kw))
+    async for ev in handle:
+        yield ev
+
+
+def collect(handle: RequestHandleLike, t0: float) -> CompletionResult:
+    """Read a handle to its end into a CompletionResult (raises the request's error)."""
     parts: list[str] = []
     ttft = -1.0
     for ev in handle:

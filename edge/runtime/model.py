@@ -19,28 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# OMP_POLICY_WHY: llama.cpp's CPU backend is built with OpenMP here, and by default its worker
-# threads spin at the barrier between ops. On a 2-core box with one other busy process (even a
-# niced one), 2 threads then decoded SmolLM2-135M at 0.4-2.8 tok/s (steps of 0.2-4.6 s) instead
-# of ~25; with OMP_WAIT_POLICY=passive the same case gave 18-26 tok/s, while on a quiet box
-# passive cost 0-20% at 2 threads and nothing at 1 (figures in the engine follow-up report).
-# A runtime for small shared boxes takes the robust choice. It only works if set before
-# llama_cpp loads, so edge/runtime/__init__.py sets it (setdefault: a user's value wins); the
-# line below repeats it for code that loads this file by path.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-
-import llama_cpp  # after the OpenMP policy above
+import llama_cpp  # edge/runtime/__init__.py has set the thread-wait policy (threads.py) by now
 
 from edge.errors import ModelLoadError
+from edge.kvcache import KV_CACHE_TYPES
 from edge.runtime.backend import EXTRA_BUFFERS_ENV, probe_backends
 
 log = logging.getLogger("edge.llama")
 
-KV_TYPES: dict[str, int] = {
-    "f16": llama_cpp.GGML_TYPE_F16,
-    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
-    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
-}
+KV_TYPES: dict[str, int] = {name: getattr(llama_cpp, f"GGML_TYPE_{name.upper()}") for name in KV_CACHE_TYPES}
 
 # ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
 _LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}

@@ -1,17 +1,20 @@
-"""Keep-alive: unloading the weights of an idle engine and reloading them on demand.
+"""Residency: the loaded model and context, keep-alive unloading, and reloading on demand.
 
-A small box that serves a chat now and then should not hold a model's memory all day
-(issue 5): after `keep_alive_s` without work the engine thread frees the context (KV
-cache, compute buffers) and the weights, and keeps only a vocabulary-only model (a few
-MiB) so that tokenization and chat rendering, which the API does before queueing, keep
-working. The next request is queued as usual; the engine thread sees work while
-unloaded, reloads (the request simply waits), and carries on. A failed reload fails the
-waiting requests with ModelLoadError and leaves the engine UNLOADED so a later request
-retries (memory may have been freed meanwhile).
+A small box that serves a chat now and then should not hold a model's memory all
+day: after `keep_alive_s` without work the engine thread frees the context (KV
+cache, compute buffers) and the weights, and keeps only a vocabulary-only model
+(a few MiB) so that tokenization and chat rendering, which the API does before
+queueing, keep working. The next request is queued as usual; the engine thread
+sees work while unloaded, reloads (the request simply waits), and carries on. A
+failed reload fails the waiting requests with ModelLoadError and leaves the engine
+UNLOADED so a later request retries (memory may have been freed meanwhile).
 
-Everything that touches the context runs on the engine thread; other threads only ask
-(`unload()`) and wait. `_model_lock` orders model swaps against `submit`/`tokenize` on
-other threads, so no thread uses a model while it is freed.
+The engine owns keep-alive, on the engine's clock; the scheduler only asks for an
+unload under a memory emergency (`Engine.unload()`).
+
+Everything that frees or replaces the context runs on the engine thread. `lock`
+orders model swaps against `submit`/`tokenize` on other threads, so no thread
+uses a model while it is freed.
 """
 
 from __future__ import annotations
@@ -20,20 +23,14 @@ import contextlib
 import ctypes
 import logging
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from edge.clock import Clock
 from edge.errors import EngineStopped, ModelLoadError
-from edge.runtime.model import LlamaModel
-from edge.runtime.slots import SlotState
-from edge.runtime.types import EngineState
-
-if TYPE_CHECKING:
-    from edge.clock import Clock
-    from edge.runtime.batch import Batch
-    from edge.runtime.model import LlamaContext
-    from edge.runtime.sequence import Sequence
-    from edge.runtime.slots import Slot
-    from edge.runtime.types import Knobs
+from edge.runtime.batch import Batch
+from edge.runtime.chat_template import ChatTemplate, load_template
+from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
 log = logging.getLogger("edge.engine")
 
@@ -45,159 +42,144 @@ def _trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-class _UnloadWaiter:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.unloaded = False
+@dataclass(frozen=True)
+class LoadSpec:
+    """How to open the model and its context."""
+
+    model_path: str
+    n_ctx: int  # requested; capped at the model's training length
+    n_batch: int
+    n_slots: int
+    kv_type: str
+    n_gpu_layers: int = 0
+    warmup: bool = True  # decode once at load so the first request does not pay one-time costs
 
 
 class Residency:
-    """Mixed into `Engine`; every attribute below is set by `Engine.__init__`."""
+    """Owns `model`, `ctx`, the batch and the chat template; unloads and reloads them."""
 
-    model_path: str
-    model: LlamaModel | None
-    _ctx: LlamaContext | None
-    _vocab: LlamaModel | None
-    _batch: Batch
-    _cond: threading.Condition
-    _model_lock: threading.Lock
-    _inbox: list[Sequence]
-    _waiting: list[tuple[tuple[int, int], int, Sequence]]
-    _running: dict[int, Sequence]
-    _slots: list[Slot]
-    _state: EngineState
-    _knobs: Knobs
-    _dirty: bool
-    _thread: threading.Thread | None
-    _clock: Clock
-    _keep_alive_s: float | None
-    _idle_poll_s: float
-    _unload_waiters: list[_UnloadWaiter]
-    _last_active_s: float
-
-    if TYPE_CHECKING:
-
-        def _publish_stats(self, step_s: float, decode_s: float, n_dec: int, n_pre: int) -> None: ...
-
-    # --- any thread ---------------------------------------------------------
-
-    def unload(self, timeout_s: float | None = 60.0) -> bool:
-        """Free the weights and the context if the engine is idle (state becomes UNLOADED).
-        Returns True when unloaded (or already), False when there was work (nothing is
-        touched then) or the engine thread did not answer within `timeout_s`."""
-        with self._cond:
-            if self._state is EngineState.UNLOADED:
-                return True
-            if self._thread is None or self._state not in (EngineState.READY, EngineState.PAUSED):
-                raise EngineStopped(f"cannot unload: engine is {self._state.value}")
-            waiter = _UnloadWaiter()
-            self._unload_waiters.append(waiter)
-            self._dirty = True
-            self._cond.notify_all()
-        waiter.done.wait(timeout_s)
-        return waiter.unloaded
-
-    def tick(self) -> None:
-        """Wake the engine thread to look at its idle timer now (tests with a manual clock;
-        in production it looks every `idle_poll_s` anyway)."""
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_for_state(self, state: EngineState, timeout_s: float = 60.0) -> bool:
-        """Block until the engine reaches `state` (True) or `timeout_s` passes (False)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._state is state, timeout_s)
+    def __init__(self, spec: LoadSpec, clock: Clock, keep_alive_s: float | None,
+                 idle_poll_s: float = 1.0, template_override: str | None = None) -> None:
+        self.spec = spec
+        self.clock = clock
+        self.keep_alive_s = keep_alive_s
+        self.idle_poll_s = max(0.001, idle_poll_s)
+        self.lock = threading.Lock()  # model swaps vs tokenization on other threads
+        self.model: LlamaModel | None = None  # the full model, or the vocab-only one while unloaded
+        self.ctx: LlamaContext | None = None
+        self.batch: Batch | None = None
+        self.template: ChatTemplate | None = None
+        self._vocab: LlamaModel | None = None  # kept once made: samplers built while unloaded use it
+        self._template_override = template_override
+        self.n_ctx = spec.n_ctx  # per sequence, once loaded
+        self.last_active_s = clock.monotonic()
 
     @property
-    def keep_alive_s(self) -> float | None:
-        return self._keep_alive_s
+    def loaded(self) -> bool:
+        return self.ctx is not None
 
-    # --- engine thread ------------------------------------------------------
+    def need_model(self, state_name: str) -> LlamaModel:
+        if self.model is None:
+            raise EngineStopped(f"model not loaded (engine is {state_name})")
+        return self.model
 
-    def _idle(self) -> bool:
-        """No queued, waiting or admitted work (call with `_cond` held or on the engine thread
-        right after taking the inbox)."""
-        return not (self._inbox or self._waiting or self._running)
-
-    def _keep_alive_due(self) -> bool:
-        ka = self._keep_alive_s
-        if ka is None or self._ctx is None or not self._idle():
-            return False
-        return self._clock.monotonic() - self._last_active_s >= ka
-
-    def _idle_wait_s(self) -> float | None:
-        """How long the idle engine thread may sleep: forever unless a keep-alive can expire."""
-        return None if self._keep_alive_s is None or self._ctx is None else self._idle_poll_s
-
-    def _settle_unloads(self, waiters: list[_UnloadWaiter]) -> None:
-        """After a step: honour unload requests and the keep-alive timer."""
-        if not waiters and not self._keep_alive_due():
-            return
-        ok = self._ctx is None or self._try_unload()
-        if not ok:  # busy or failed: the keep-alive starts over instead of retrying in a spin
-            self._last_active_s = self._clock.monotonic()
-        for w in waiters:
-            w.unloaded = ok
-            w.done.set()
-
-    def _try_unload(self) -> bool:
-        assert self._ctx is not None
+    # --- opening ----------------------------------------------------------------
+    def open(self, n_threads: int) -> tuple[LlamaModel, LlamaContext]:
+        """Load weights and create the context (ModelLoadError on failure; nothing leaks)."""
+        s = self.spec
+        model = LlamaModel(s.model_path, n_gpu_layers=s.n_gpu_layers)
         try:
-            vocab = self._vocab or LlamaModel(self.model_path, vocab_only=True)
+            n_ctx = min(s.n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else s.n_ctx
+            cfg = ContextConfig(n_ctx=n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_seq_max=s.n_slots,
+                                n_threads=n_threads, kv_type=s.kv_type)
+            ctx = LlamaContext(model, cfg)
+        except BaseException:
+            model.close()
+            raise
+        if s.warmup:
+            try:
+                ctx.warm_up(model)
+            except BaseException:
+                ctx.close()
+                model.close()
+                raise
+        return model, ctx
+
+    def install(self, model: LlamaModel, ctx: LlamaContext) -> None:
+        """Make a freshly opened model and context current."""
+        with self.lock:
+            self.model, self.ctx = model, ctx
+        self.n_ctx = ctx.n_ctx_seq
+        if self.template is None:
+            self.template = load_template(self._template_override or model.chat_template(),
+                                          model.token_text(model.bos_id), model.token_text(model.eos_id))
+        self.batch = Batch(ctx.n_batch)
+
+    def release(self) -> None:
+        """Free everything (engine stopped)."""
+        if self.ctx is not None:
+            if self.batch is not None:
+                self.batch.free()
+            self.ctx.close()
+            self.ctx = self.batch = None
+        with self.lock:
+            for m in {id(x): x for x in (self.model, self._vocab) if x is not None}.values():
+                m.close()
+            self.model = self._vocab = None
+
+    # --- keep-alive (engine thread) -----------------------------------------------
+    def touch(self, t_s: float | None = None) -> None:
+        """Work happened at `t_s` (default now): the keep-alive starts over."""
+        now = self.clock.monotonic() if t_s is None else t_s
+        self.last_active_s = max(self.last_active_s, now)
+
+    def keep_alive_due(self, idle: bool) -> bool:
+        ka = self.keep_alive_s
+        if ka is None or self.ctx is None or not idle:
+            return False
+        return self.clock.monotonic() - self.last_active_s >= ka
+
+    def idle_wait_s(self) -> float | None:
+        """How long the idle engine thread may sleep: forever unless a keep-alive can expire."""
+        return None if self.keep_alive_s is None or self.ctx is None else self.idle_poll_s
+
+    def try_unload(self, still_idle: Callable[[], bool], on_unloaded: Callable[[], None]) -> bool:
+        """Free weights and context if `still_idle()` (checked under the model lock, which
+        `submit` holds too, so no work can arrive meanwhile). `on_unloaded` runs before the
+        lock is released, so whoever waits for UNLOADED sees the memory freed."""
+        assert self.ctx is not None
+        try:
+            vocab = self._vocab or LlamaModel(self.spec.model_path, vocab_only=True)
         except ModelLoadError as exc:  # keep serving; unloading is only an optimisation
             log.warning("not unloading: vocabulary-only load failed: %s", exc)
             return False
         self._vocab = vocab
-        with self._model_lock:  # submit() holds it too: no new work can arrive from here on
-            with self._cond:
-                if not self._idle() or self._state not in (EngineState.READY, EngineState.PAUSED):
-                    return False
-            full, ctx = self.model, self._ctx
-            self.model, self._ctx = vocab, None
-            self._batch.free()
+        with self.lock:
+            if not still_idle():
+                return False
+            full, ctx = self.model, self.ctx
+            self.model, self.ctx = vocab, None
+            if self.batch is not None:
+                self.batch.free()
+                self.batch = None
             ctx.close()
             if full is not None and full is not vocab:
                 full.close()
             _trim_heap()
-            for slot in self._slots:  # their KV went with the context
-                slot.tokens.clear()
-                slot.state = SlotState.IDLE
-            with self._cond:  # only now: whoever waits for UNLOADED sees the memory freed
-                self._state = EngineState.UNLOADED
-                self._cond.notify_all()
-        self._publish_stats(0.0, 0.0, 0, 0)
-        log.info("model unloaded after %.0f s idle", self._clock.monotonic() - self._last_active_s)
+            on_unloaded()
+        log.info("model unloaded after %.0f s idle", self.clock.monotonic() - self.last_active_s)
         return True
 
-    def _reload(self) -> bool:
-        """Load weights and context again for queued work; False (work failed) on error."""
-        with self._cond:
-            self._state = EngineState.LOADING
-            self._cond.notify_all()
-        t0_s = self._clock.monotonic()
+    def reload(self, n_threads: int) -> ModelLoadError | None:
+        """Load weights and context again for queued work; the error when that fails."""
+        t0_s = self.clock.monotonic()
         try:
-            model, ctx = self._open()
+            model, ctx = self.open(n_threads)
         except Exception as exc:
-            err = exc if isinstance(exc, ModelLoadError) else ModelLoadError(self.model_path, str(exc))
+            err = exc if isinstance(exc, ModelLoadError) else ModelLoadError(self.spec.model_path, str(exc))
             log.error("reload failed: %s", err)
-            with self._cond:  # before the requests hear of it: they may retry at once
-                self._state = EngineState.UNLOADED
-                self._cond.notify_all()
-            self._fail_all(err)
-            self._publish_stats(0.0, 0.0, 0, 0)
-            return False
-        self._install(model, ctx)
-        with self._cond:
-            self._state = EngineState.PAUSED if self._knobs.paused else EngineState.READY
-            self._cond.notify_all()
-        self._last_active_s = self._clock.monotonic()
-        log.info("model reloaded in %.2f s", self._last_active_s - t0_s)
-        return True
-
-    if TYPE_CHECKING:  # provided by Engine and StepLoop (stubs here would shadow them)
-
-        def _open(self) -> tuple[LlamaModel, LlamaContext]: ...
-
-        def _install(self, model: LlamaModel, ctx: LlamaContext) -> None: ...
-
-        def _fail_all(self, err: Exception, running_only: bool = False) -> None: ...
+            return err
+        self.install(model, ctx)
+        self.last_active_s = self.clock.monotonic()
+        log.info("model reloaded in %.2f s", self.last_active_s - t0_s)
+        return None

@@ -17,7 +17,7 @@ import json
 import math
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import llama_cpp
 
@@ -25,6 +25,30 @@ from edge.errors import InvalidRequest
 from edge.runtime.types import SamplingParams
 
 SamplerPtr = Any  # ctypes pointer to struct llama_sampler
+
+
+class Sampler(Protocol):
+    """What a sequence samples with: one token from a batch row's logits; `free` once."""
+
+    def sample(self, ctx: Any, idx: int) -> int: ...
+
+    def free(self) -> None: ...
+
+
+class ChainSampler:
+    """A plain llama.cpp sampler chain."""
+
+    __slots__ = ("chain",)
+
+    def __init__(self, chain: SamplerPtr) -> None:
+        self.chain = chain
+
+    def sample(self, ctx: Any, idx: int) -> int:
+        return int(llama_cpp.llama_sampler_sample(self.chain, ctx, idx))
+
+    def free(self) -> None:
+        free_chain(self.chain)
+        self.chain = None
 
 
 def validate_sampling(p: SamplingParams, n_vocab: int) -> None:
@@ -153,15 +177,15 @@ class GrammarFirstLast:
     def free(self) -> None:
         free_chain(self.fast)
         free_chain(self.full)
-        self.fast = self.full = None
+        self.fast = self.full = None  # free_chain(None) is a no-op: freeing twice is harmless
 
 
-def build_sampler(p: SamplingParams, vocab: Any, n_vocab: int) -> SamplerPtr | GrammarFirstLast:
+def build_sampler(p: SamplingParams, vocab: Any, n_vocab: int) -> Sampler:
     """A plain chain, or the grammar fast path when a grammar is set and no penalties are."""
     no_penalties = p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
     if p.grammar is not None and no_penalties:
         return GrammarFirstLast(p, vocab, n_vocab)
-    return build_chain(p, vocab, n_vocab)
+    return ChainSampler(build_chain(p, vocab, n_vocab))
 
 
 def greedy_chain(n_vocab: int, banned: tuple[int, ...] = ()) -> SamplerPtr:

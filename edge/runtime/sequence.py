@@ -1,4 +1,4 @@
-"""Per-request state inside the engine thread, and the result type of `Engine.complete`.
+"""Per-request state inside the engine thread, and the step timings `edge bench` reads.
 
 A `Sequence` lives from `submit()` until its final event: WAITING (queued,
 no slot) -> PREFILL (slot held, prompt being evaluated in chunks) -> DECODE
@@ -8,12 +8,12 @@ submission; the consumer talks to it through its `RequestHandle`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from edge.runtime.detok import TextStream
 from edge.runtime.handle import RequestHandle
-from edge.runtime.sampling import GrammarFirstLast, free_chain
 from edge.runtime.types import (
     EngineState,
     EngineStats,
@@ -24,21 +24,27 @@ from edge.runtime.types import (
     Usage,
 )
 
+if TYPE_CHECKING:
+    from edge.runtime.sampling import Sampler
+
+log = logging.getLogger("edge.engine")
+
 
 class Sequence:
     __slots__ = (
         "cached",
-        "chain",
         "handle",
         "key",
         "max_tokens",
         "n_done",
         "n_gen",
         "n_unreported",
+        "on_start",
         "out_idx",
         "pending_tok",
         "prompt",
         "request",
+        "sampler",
         "seq_id",
         "stream",
         "t_first_s",
@@ -49,14 +55,16 @@ class Sequence:
         self,
         request: GenerationRequest,
         prompt: list[int],
-        chain: Any,
+        sampler: Sampler,
         handle: RequestHandle,
         key: tuple[int, int],
         t_submit_s: float,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self.request = request
         self.prompt = prompt
-        self.chain = chain
+        self.sampler: Sampler | None = sampler
+        self.on_start = on_start
         self.handle = handle
         self.key = key
         self.max_tokens = request.max_tokens
@@ -75,6 +83,15 @@ class Sequence:
     def n_prompt_left(self) -> int:
         return len(self.prompt) - self.n_done
 
+    def started(self) -> None:
+        """The sequence got its slot: tell whoever asked (admission counts it as running now)."""
+        if self.on_start is not None:
+            cb, self.on_start = self.on_start, None
+            try:
+                cb()
+            except Exception:  # a bookkeeping callback must never take the engine thread down
+                log.exception("on_start callback of request %s failed", self.handle.request_id)
+
     def emit(self, text: str) -> None:
         if text:
             self.handle._push(TokenEvent(text, self.n_unreported))
@@ -86,22 +103,9 @@ class Sequence:
         usage = Usage(len(self.prompt), self.n_gen, self.cached)
         self.handle._push(TokenEvent(tail, self.n_unreported, reason, usage, error))
         self.n_unreported = 0
-        if isinstance(self.chain, GrammarFirstLast):
-            self.chain.free()
-        else:
-            free_chain(self.chain)
-        self.chain = None
-
-
-@dataclass(frozen=True)
-class CompletionResult:
-    """What `Engine.complete` returns: the whole text and how it ended."""
-
-    text: str
-    finish_reason: FinishReason
-    usage: Usage
-    ttft_s: float  # submit -> first event
-    total_s: float  # submit -> final event
+        if self.sampler is not None:
+            self.sampler.free()
+            self.sampler = None
 
 
 class StepPerf:

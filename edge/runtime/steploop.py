@@ -1,25 +1,21 @@
-"""The engine thread: the step loop that owns the llama context.
+"""The engine thread: the step loop that owns all engine-thread state and reads the mailbox.
 
-`StepLoop` is mixed into `Engine` (engine.py holds the public, any-thread API;
-this file holds only what runs on the engine thread). Each step: take inbox,
-knobs and cancellations; admit waiting requests to idle slots with the longest
-cached prefix; split slot holders into active and parked; build one batch; decode
-(retrying without what cannot fit); sample each sequence and hand text over.
+Each step: take mail (new requests, knobs, cancels); admit waiting requests to
+idle slots with the longest cached prefix; split slot holders into active and
+parked; build one batch; decode (retrying without what cannot fit); sample each
+sequence and hand text over; publish an `EngineStats` snapshot. Nothing here is
+touched by another thread except that snapshot (replaced whole, never mutated).
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import threading
 import time
-from typing import TYPE_CHECKING, Any
-
-import llama_cpp
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from edge.errors import DecodeFailed, EdgeError
-from edge.runtime.batch import Batch
-from edge.runtime.sampling import GrammarFirstLast
 from edge.runtime.sequence import Sequence, StepPerf
 from edge.runtime.slots import (
     Chunk,
@@ -37,98 +33,120 @@ from edge.runtime.slots import (
 from edge.runtime.types import EngineState, EngineStats, FinishReason, Knobs, Priority
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from edge.clock import Clock
-    from edge.runtime.model import LlamaContext, LlamaModel
+    from edge.runtime.mailbox import Mailbox, UnloadWaiter
+    from edge.runtime.residency import Residency
     from edge.runtime.types import GenerationRequest
 
 log = logging.getLogger("edge.engine")
+SampleHook = Callable[["GenerationRequest", int], int]  # (request, token) -> token; tests inject faults
+WaitEntry = tuple[tuple[int, int], int, Sequence]  # (admission key, tie-break, sequence)
 
 
 class StepLoop:
-    """Engine-thread half of `Engine`; every attribute below is set by `Engine.__init__`."""
+    """Continuous batching over the residency's context; `run()` is the engine thread."""
 
-    _cond: threading.Condition
-    _inbox: list[Sequence]
-    _dirty: bool
-    _cancel_seen: bool
-    _stopping: bool
-    _state: EngineState
-    _knobs: Knobs
-    _clock: Clock
-    _sample_hook: Callable[[GenerationRequest, int], int] | None
-    _ctx: LlamaContext | None
-    model: LlamaModel | None
-    _batch: Batch
-    _n_batch: int
-    _budget: int
-    n_ctx: int
-    n_slots: int
-    _waiting: list[tuple[tuple[int, int], int, Sequence]]
-    _running: dict[int, Sequence]
-    _slots: list[Slot]
-    _step_no: int
-    _runnable: bool
-    _freed: bool
-    _off_owed_s: float
-    _sample_s: float
-    _decode_s: float
-    _totals: list[int]
-    _stats: EngineStats | None
-    perf: StepPerf
-    _unload_waiters: list[Any]
-    _last_active_s: float
+    def __init__(self, mailbox: Mailbox, residency: Residency, clock: Clock, n_slots: int,
+                 step_token_budget: int, sample_hook: SampleHook | None = None) -> None:
+        self.mailbox = mailbox
+        self.res = residency
+        self.clock = clock
+        self.n_slots = n_slots
+        self.budget = max(1, step_token_budget)
+        self.sample_hook = sample_hook
+        self.knobs = mailbox.knobs
+        self.waiting: list[WaitEntry] = []
+        self.running: dict[int, Sequence] = {}
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.perf = StepPerf()
+        self.stats: EngineStats | None = None  # the published snapshot
+        self._threads_now = self.knobs.n_threads
+        self._step_no = 0
+        self._runnable = False  # the last step left something to run without new input
+        self._freed = False  # a slot became idle during this step (waiting work may fit now)
+        self._off_owed_s = 0.0  # off-duty stepping time owed (knobs.off_threads > 0, duty < 1)
+        self._sample_s = self._decode_s = 0.0
+        self._totals = [0, 0, 0]  # decoded, prefilled, steps
 
-    if TYPE_CHECKING:  # from Residency
+    @property
+    def idle(self) -> bool:
+        """No waiting or admitted work (read from any thread: a racy but harmless snapshot)."""
+        return not (self.waiting or self.running)
 
-        def _keep_alive_due(self) -> bool: ...
-
-        def _idle_wait_s(self) -> float | None: ...
-
-        def _idle(self) -> bool: ...
-
-        def _reload(self) -> bool: ...
-
-        def _settle_unloads(self, waiters: list[Any]) -> None: ...
-
-    def _run(self) -> None:
-        threads_now = self._knobs.n_threads
+    # --- the thread -----------------------------------------------------------------
+    def run(self) -> None:
+        res = self.res
         while True:
-            with self._cond:
-                while not self._dirty and not self._runnable and not self._keep_alive_due():
-                    self._cond.wait(self._idle_wait_s())
-                self._dirty = False
-                if self._stopping:
-                    return
-                inbox, self._inbox = self._inbox, []
-                knobs = self._knobs
-                cancels, self._cancel_seen = self._cancel_seen, False
-                unload_waiters, self._unload_waiters = self._unload_waiters, []
-            busy = bool(inbox or self._waiting or self._running)
-            t_step_s = self._clock.monotonic()  # not after the step: a caller may move a test clock
+            # take() only consults the timer while no mail is pending, so `idle` is the whole story
+            mail = self.mailbox.take(self._runnable, lambda: res.keep_alive_due(self.idle), res.idle_wait_s)
+            if mail.stopping:
+                return
+            if mail.knobs is not None:
+                self.knobs = mail.knobs
+            for seq in mail.new:
+                heapq.heappush(self.waiting, (seq.key, id(seq), seq))
+            busy = not self.idle
+            t_step_s = self.clock.monotonic()  # not after the step: a caller may move a test clock
             try:
-                if self._ctx is None and busy:  # unloaded: this work waits for the reload
-                    for seq in inbox:
-                        heapq.heappush(self._waiting, (seq.key, id(seq), seq))
-                    inbox = []
-                    if not self._reload():
-                        self._settle_unloads(unload_waiters)
-                        continue
-                    threads_now = knobs.n_threads  # the new context was made with them
-                if self._ctx is not None:
-                    threads_now = self._iteration(inbox, knobs, cancels, threads_now)
-                if busy or not self._idle():
-                    self._last_active_s = max(self._last_active_s, t_step_s)
-                self._settle_unloads(unload_waiters)
+                if not res.loaded and busy and not self._reload():
+                    self._settle_unloads(mail.unload_waiters)
+                    continue
+                if res.loaded:
+                    self._iteration(mail.cancels)
+                if busy or not self.idle:
+                    res.touch(t_step_s)
+                self._settle_unloads(mail.unload_waiters)
             except Exception as exc:  # a bug: fail what was running, keep serving the rest
                 log.exception("engine step failed")
-                self._fail_all(DecodeFailed(-100, f"internal error: {exc}"), running_only=True)
-                self._runnable = bool(self._waiting)
+                self.fail_all(DecodeFailed(-100, f"internal error: {exc}"), running_only=True)
+                self._runnable = bool(self.waiting)
 
-    def _iteration(self, inbox: list[Sequence], knobs: Knobs, cancels: bool, threads_now: int) -> int:
-        for seq in inbox:
-            heapq.heappush(self._waiting, (seq.key, id(seq), seq))
+    # --- residency ------------------------------------------------------------------
+    def _reload(self) -> bool:
+        """Reload for queued work; on failure fail it and stay UNLOADED (a later request retries)."""
+        self.mailbox.set_state(EngineState.LOADING)
+        err = self.res.reload(self.knobs.n_threads)
+        if err is not None:
+            self.mailbox.set_state(EngineState.UNLOADED)  # before the requests hear: they may retry
+            self.fail_all(err)
+            self.publish(0.0, 0.0, 0, 0)
+            return False
+        self._threads_now = self.knobs.n_threads  # the new context was made with them
+        self.mailbox.set_state(EngineState.PAUSED if self.knobs.paused else EngineState.READY)
+        self.publish(0.0, 0.0, 0, 0)
+        return True
+
+    def _settle_unloads(self, waiters: list[UnloadWaiter]) -> None:
+        """After a step: honour unload requests and the keep-alive timer."""
+        res = self.res
+        if not waiters and not res.keep_alive_due(self.idle):
+            return
+        ok = not res.loaded or self._try_unload()
+        if not ok:  # busy or failed: the keep-alive starts over instead of retrying in a spin
+            res.last_active_s = self.clock.monotonic()
+        for w in waiters:
+            w.settle(ok)
+
+    def _try_unload(self) -> bool:
+        box = self.mailbox
+
+        def still_idle() -> bool:  # called under the residency lock, which every submit holds
+            return self.idle and box.quiet()
+
+        def unloaded() -> None:
+            for slot in self.slots:  # their KV went with the context
+                slot.tokens.clear()
+                slot.state = SlotState.IDLE
+            box.set_state(EngineState.UNLOADED)
+
+        if not self.res.try_unload(still_idle, unloaded):
+            return False
+        self.publish(0.0, 0.0, 0, 0)
+        return True
+
+    # --- one iteration --------------------------------------------------------------
+    def _iteration(self, cancels: bool) -> None:
+        knobs = self.knobs
         # duty < 1: after a step with n_threads, either idle for the rest of the cycle or, with
         # off_threads, step with that many threads for as long (fewer threads decode more tokens
         # per joule where decode is memory-bound; the scheduler picks this from measured figures)
@@ -137,52 +155,54 @@ class StepLoop:
             self._off_owed_s = 0.0
         off_step = mixed and self._off_owed_s > 0.0
         threads = knobs.off_threads if off_step else knobs.n_threads
-        if threads != threads_now:
-            assert self._ctx is not None
-            self._ctx.set_threads(threads)
+        if threads != self._threads_now:
+            assert self.res.ctx is not None
+            self.res.ctx.set_threads(threads)
+            self._threads_now = threads
         if cancels:
             self._reap_cancelled()
         if knobs.paused or knobs.active_limit == 0:
             self._runnable = False
-            self._publish_stats(0.0, 0.0, 0, 0)
-            return threads
+            self.publish(0.0, 0.0, 0, 0)
+            return
         self._freed = False
         step_s = self._step(knobs)
-        self._runnable = bool(self._running) or (bool(self._waiting) and self._freed)
+        self._runnable = bool(self.running) or (bool(self.waiting) and self._freed)
         if step_s > 0 and mixed:
             owed = self._off_owed_s - step_s if off_step else step_s * (1.0 - knobs.duty) / knobs.duty
             self._off_owed_s = max(0.0, owed)
         elif step_s > 0 and knobs.duty < 1.0:
-            self._clock.sleep(step_s * (1.0 - knobs.duty) / knobs.duty)
-        return threads
+            self.clock.sleep(step_s * (1.0 - knobs.duty) / knobs.duty)
 
     def _reap_cancelled(self) -> None:
-        for sid, seq in list(self._running.items()):
+        for sid, seq in list(self.running.items()):
             if seq.handle.cancel_requested:
                 self._finish(seq, FinishReason.CANCELLED, free_kv=True)
-                del self._running[sid]
-        if any(e[2].handle.cancel_requested for e in self._waiting):
+                del self.running[sid]
+        if any(e[2].handle.cancel_requested for e in self.waiting):
             keep = []
-            for e in self._waiting:
+            for e in self.waiting:
                 if e[2].handle.cancel_requested:
                     e[2].finish(FinishReason.CANCELLED)
                 else:
                     keep.append(e)
             heapq.heapify(keep)
-            self._waiting = keep
+            self.waiting = keep
 
     def _step(self, knobs: Knobs) -> float:
         """One batch. Returns the step's wall time (0 when there was nothing to run)."""
         t0 = time.perf_counter()
         self._step_no += 1
         self._admit(knobs)
-        views = [SeqView(sid, s.key, s.n_prompt_left) for sid, s in self._running.items()]
+        views = [SeqView(sid, s.key, s.n_prompt_left) for sid, s in self.running.items()]
         active, _parked = select_active(views, knobs.active_limit)
         if not active:
-            self._publish_stats(0.0, 0.0, 0, 0)
+            self.publish(0.0, 0.0, 0, 0)
             return 0.0
         active_set = set(active)
-        chunks = plan_batch([v for v in views if v.seq_id in active_set], self._n_batch, self._budget)
+        assert self.res.batch is not None
+        chunks = plan_batch([v for v in views if v.seq_id in active_set], self.res.batch.capacity,
+                            self.budget)
         self._sample_s = self._decode_s = 0.0
         chunks = self._decode(chunks)
         n_dec = n_pre = 0
@@ -192,48 +212,50 @@ class StepLoop:
             else:
                 n_pre += ch.n
             if ch.wants_logits:
-                self._sample(self._running[ch.seq_id])
-        t1 = time.perf_counter()
-        step_s, decode_s = t1 - t0, self._decode_s
+                self._sample(self.running[ch.seq_id])
+        step_s, decode_s = time.perf_counter() - t0, self._decode_s
         self.perf.add(step_s, decode_s, self._sample_s, n_dec, n_pre)
-        self._publish_stats(step_s, decode_s, n_dec, n_pre)
+        self.publish(step_s, decode_s, n_dec, n_pre)
         return step_s
 
+    # --- admission to slots -----------------------------------------------------------
     def _admit(self, knobs: Knobs) -> None:
-        assert self._ctx is not None
-        while self._waiting:
-            key, _, seq = self._waiting[0]
+        ctx = self.res.ctx
+        assert ctx is not None
+        while self.waiting:
+            key, _, seq = self.waiting[0]
             if key[0] == Priority.BACKGROUND and not knobs.admit_background:
                 return  # heap order: everything behind it is background too
-            if not any(s.state is SlotState.IDLE for s in self._slots):
+            if not any(s.state is SlotState.IDLE for s in self.slots):
                 return
-            if not may_admit([s.key for s in self._running.values()], key, knobs.active_limit):
+            if not may_admit([s.key for s in self.running.values()], key, knobs.active_limit):
                 return
-            choice = choose_slot(self._slots, seq.prompt)
+            choice = choose_slot(self.slots, seq.prompt)
             assert choice is not None
-            slot = self._slots[choice.seq_id]
+            slot = self.slots[choice.seq_id]
             n_keep = choice.n_reuse
             need = len(seq.prompt) - n_keep + 1
-            free = self._ctx.n_ctx - kv_cells_used(self._slots) + (len(slot.tokens) - n_keep)
-            for sid in eviction_order(self._slots):
+            free = ctx.n_ctx - kv_cells_used(self.slots) + (len(slot.tokens) - n_keep)
+            for sid in eviction_order(self.slots):
                 if free >= need:
                     break
                 if sid != slot.seq_id:
-                    free += len(self._slots[sid].tokens)
-                    self._drop_kv(self._slots[sid])
-            if free < need and self._running:
+                    free += len(self.slots[sid].tokens)
+                    self._drop_kv(self.slots[sid])
+            if free < need and self.running:
                 return  # wait for running sequences to release KV
-            heapq.heappop(self._waiting)
+            heapq.heappop(self.waiting)
             n_keep = self._trim_slot(slot, n_keep)
             slot.state = SlotState.PREFILL
             slot.last_used = self._step_no
             seq.seq_id, seq.n_done, seq.cached = slot.seq_id, n_keep, n_keep
-            self._running[slot.seq_id] = seq
+            self.running[slot.seq_id] = seq
+            seq.started()  # the request holds a slot now: admission stops counting it as waiting
 
     def _trim_slot(self, slot: Slot, n_keep: int) -> int:
         """Remove the slot's KV beyond `n_keep`; fall back to a full clear when llama.cpp cannot
         remove a partial sequence or a sliding-window cache lost positions the tail needs."""
-        ctx, model = self._ctx, self.model
+        ctx, model = self.res.ctx, self.res.model
         assert ctx is not None and model is not None
         if n_keep < len(slot.tokens) and not ctx.seq_rm(slot.seq_id, n_keep, -1):
             n_keep = 0
@@ -245,17 +267,19 @@ class StepLoop:
         return n_keep
 
     def _drop_kv(self, slot: Slot) -> None:
-        assert self._ctx is not None
-        self._ctx.seq_rm(slot.seq_id, -1, -1)
+        assert self.res.ctx is not None
+        self.res.ctx.seq_rm(slot.seq_id, -1, -1)
         slot.tokens.clear()
 
+    # --- decode ---------------------------------------------------------------------
     def _fill(self, chunks: list[Chunk]) -> None:
-        batch = self._batch
+        batch = self.res.batch
+        assert batch is not None
         batch.clear()
         for ch in chunks:
-            seq = self._running[ch.seq_id]
+            seq = self.running[ch.seq_id]
             if ch.decode:
-                seq.out_idx = batch.add_token(ch.seq_id, seq.pending_tok, len(self._slots[ch.seq_id].tokens))
+                seq.out_idx = batch.add_token(ch.seq_id, seq.pending_tok, len(self.slots[ch.seq_id].tokens))
             else:
                 p0 = seq.n_done
                 row = batch.add_prompt(ch.seq_id, seq.prompt[p0 : p0 + ch.n], p0, ch.wants_logits)
@@ -269,11 +293,12 @@ class StepLoop:
         most recently admitted decoding sequence, until the rest fits. Any other error fails
         exactly the sequences in the batch and clears their KV.
         """
-        assert self._ctx is not None
+        ctx, batch = self.res.ctx, self.res.batch
+        assert ctx is not None and batch is not None
         while chunks:
             self._fill(chunks)
             td = time.perf_counter()
-            rc = self._batch.decode(self._ctx.ptr)
+            rc = batch.decode(ctx.ptr)
             self._decode_s += time.perf_counter() - td
             if rc == 0:
                 self._commit(chunks)
@@ -284,19 +309,19 @@ class StepLoop:
                 if prefill and len(prefill) < len(chunks):
                     chunks = [c for c in chunks if c.decode]
                     continue
-                victim = max(chunks, key=lambda c: self._running[c.seq_id].key)
-                self._fail(self._running[victim.seq_id], DecodeFailed(1, "KV cache full"))
+                victim = max(chunks, key=lambda c: self.running[c.seq_id].key)
+                self._fail(self.running[victim.seq_id], DecodeFailed(1, "KV cache full"))
                 chunks = [c for c in chunks if c.seq_id != victim.seq_id]
                 continue
             for ch in chunks:
-                self._fail(self._running[ch.seq_id], DecodeFailed(rc, "llama_decode error"))
+                self._fail(self.running[ch.seq_id], DecodeFailed(rc, "llama_decode error"))
             return []
         return []
 
     def _commit(self, chunks: list[Chunk]) -> None:
         for ch in chunks:
-            seq = self._running[ch.seq_id]
-            slot = self._slots[ch.seq_id]
+            seq = self.running[ch.seq_id]
+            slot = self.slots[ch.seq_id]
             if ch.decode:
                 slot.tokens.append(seq.pending_tok)
                 seq.pending_tok = -1
@@ -306,24 +331,21 @@ class StepLoop:
                 if seq.n_done == len(seq.prompt):
                     slot.state = SlotState.DECODE
 
+    # --- sample and deliver -------------------------------------------------------------
     def _sample(self, seq: Sequence) -> None:
         """Sample one token for `seq` and hand its text over; errors fail this sequence only."""
         try:
-            assert self._ctx is not None and self.model is not None
+            ctx, model = self.res.ctx, self.res.model
+            assert ctx is not None and model is not None and seq.sampler is not None
             ts = time.perf_counter()
-            chain = seq.chain
-            if type(chain) is GrammarFirstLast:
-                tok = chain.sample(self._ctx.ptr, seq.out_idx)
-            else:
-                tok = llama_cpp.llama_sampler_sample(chain, self._ctx.ptr, seq.out_idx)
+            tok = seq.sampler.sample(ctx.ptr, seq.out_idx)
             self._sample_s += time.perf_counter() - ts
-            if self._sample_hook is not None:
-                tok = self._sample_hook(seq.request, tok)
-            model = self.model
+            if self.sample_hook is not None:
+                tok = self.sample_hook(seq.request, tok)
             seq.n_gen += 1
             seq.n_unreported += 1
             if seq.t_first_s < 0:
-                seq.t_first_s = self._clock.monotonic()
+                seq.t_first_s = self.clock.monotonic()
             if model.is_eog(tok):
                 self._end(seq, FinishReason.STOP)
                 return
@@ -331,7 +353,7 @@ class StepLoop:
             if seq.stream.stopped:
                 seq.emit(text)
                 self._end(seq, FinishReason.STOP)
-            elif seq.n_gen >= seq.max_tokens or len(self._slots[seq.seq_id].tokens) >= self.n_ctx:
+            elif seq.n_gen >= seq.max_tokens or len(self.slots[seq.seq_id].tokens) >= self.res.n_ctx:
                 seq.emit(text)
                 self._end(seq, FinishReason.LENGTH)
             else:
@@ -344,65 +366,65 @@ class StepLoop:
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
         self._finish(seq, reason, free_kv=False)
-        self._running.pop(seq.seq_id, None)
+        self.running.pop(seq.seq_id, None)
 
     def _fail(self, seq: Sequence, err: Exception) -> None:
         self._finish(seq, FinishReason.ERROR, err, free_kv=True)
-        self._running.pop(seq.seq_id, None)
+        self.running.pop(seq.seq_id, None)
 
-    def _finish(
-        self, seq: Sequence, reason: FinishReason, error: Exception | None = None, *, free_kv: bool
-    ) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, error: Exception | None = None, *,
+                free_kv: bool) -> None:
         """Every exit path: final event, sampler freed, slot idle (its KV kept as a prompt cache
         after a normal finish, removed after cancel or error)."""
-        self._last_active_s = self._clock.monotonic()  # before the caller can see the end
+        self.res.touch()  # before the caller can see the end
         try:
             seq.finish(reason, error)
         finally:
             if seq.seq_id >= 0:
-                slot = self._slots[seq.seq_id]
+                slot = self.slots[seq.seq_id]
                 slot.state = SlotState.IDLE
                 slot.last_used = self._step_no
                 self._freed = True
-                if free_kv and self._ctx is not None:
+                if free_kv and self.res.ctx is not None:
                     self._drop_kv(slot)
 
-    def _fail_all(self, err: Exception, running_only: bool = False) -> None:
-        for seq in list(self._running.values()):
+    def fail_all(self, err: Exception, running_only: bool = False) -> None:
+        """Fail running requests (and, unless `running_only`, waiting and posted ones too)."""
+        for seq in list(self.running.values()):
             self._finish(seq, FinishReason.ERROR, err, free_kv=True)
-        self._running.clear()
+        self.running.clear()
         if running_only:
             return
-        with self._cond:
-            inbox, self._inbox = self._inbox, []
-        for seq in [e[2] for e in self._waiting] + inbox:
+        for seq in [e[2] for e in self.waiting] + self.mailbox.take_new():
             seq.finish(FinishReason.ERROR, err)
-        self._waiting = []
+        self.waiting = []
 
-    def _publish_stats(self, step_s: float, decode_s: float, n_dec: int, n_pre: int) -> None:
+    # --- stats ------------------------------------------------------------------------
+    def publish(self, step_s: float, decode_s: float, n_dec: int, n_pre: int) -> None:
         self._totals[0] += n_dec
         self._totals[1] += n_pre
         self._totals[2] += 1 if step_s > 0 else 0
-        n_active = min(len(self._running), self._knobs.active_limit)
-        n_wait_i = sum(1 for e in self._waiting if e[0][0] == Priority.INTERACTIVE)
-        self._stats = EngineStats(
-            state=self._state,
+        knobs = self.knobs
+        n_active = 0 if knobs.paused else min(len(self.running), knobs.active_limit)
+        ctx = self.res.ctx
+        self.stats = EngineStats(
+            state=self.mailbox.state,
             step_time_s=step_s,
             decode_time_s=decode_s,
             tokens_decoded=n_dec,
             tokens_prefilled=n_pre,
-            active=0 if self._knobs.paused else n_active,
-            parked=len(self._running) - (0 if self._knobs.paused else n_active),
-            waiting=len(self._waiting),
-            waiting_interactive=n_wait_i,
-            kv_cells_used=kv_cells_held(self._slots),
-            kv_cells_total=self._ctx.n_ctx if self._ctx is not None else 0,
+            active=n_active,
+            parked=len(self.running) - n_active,
+            waiting=len(self.waiting),
+            waiting_interactive=sum(1 for e in self.waiting if e[0][0] == Priority.INTERACTIVE),
+            kv_cells_used=kv_cells_held(self.slots),
+            kv_cells_total=ctx.n_ctx if ctx is not None else 0,
             n_slots=self.n_slots,
-            knobs=self._knobs,
+            knobs=knobs,
             total_tokens_decoded=self._totals[0],
             total_tokens_prefilled=self._totals[1],
             total_steps=self._totals[2],
-            last_progress_s=self._clock.monotonic(),
-            interactive_awaiting_first=sum(1 for q in self._running.values()
+            last_progress_s=self.clock.monotonic(),
+            interactive_awaiting_first=sum(1 for q in self.running.values()
                                            if q.request.priority is Priority.INTERACTIVE and q.n_gen == 0),
         )

@@ -6,7 +6,7 @@ without touching the native library, and tests build these objects freely.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, Protocol
@@ -100,6 +100,17 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class CompletionResult:
+    """What a blocking completion returns: the whole text and how it ended."""
+
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    ttft_s: float  # submit -> first event
+    total_s: float  # submit -> final event
+
+
+@dataclass(frozen=True)
 class Knobs:
     """What the scheduler may turn while the engine runs; applied at the next step."""
 
@@ -162,7 +173,9 @@ class EngineLike(Protocol):
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
 
-    def submit(self, request: GenerationRequest) -> RequestHandleLike: ...  # raises typed errors
+    def submit(  # raises typed errors, never later
+        self, request: GenerationRequest, on_start: Callable[[], None] | None = None
+    ) -> RequestHandleLike: ...  # on_start: called (engine thread) once the request holds a slot
 
     def apply(self, knobs: Knobs) -> None: ...
 
@@ -174,3 +187,5 @@ class EngineLike(Protocol):
     def start(self) -> None: ...
 
     def stop(self, drain_timeout_s: float = 0.0) -> None: ...
+
+    def unload(self, timeout_s: float | None = 60.0) -> bool: ...  # free weights if idle (else False)

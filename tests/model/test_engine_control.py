@@ -180,7 +180,7 @@ def test_off_duty_threads_alternate_instead_of_idling(smollm2_path: Path) -> Non
     clock = ManualClock()
     with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2, clock=clock) as eng:
         assert eng.complete(COUNT, temperature=0.0, max_tokens=2).text.startswith(" 8")  # context exists
-        ctx = eng._ctx
+        ctx = eng.residency.ctx
         assert ctx is not None
         seen: list[int] = []
         real_set = ctx.set_threads

@@ -1,4 +1,4 @@
-"""The OpenMP wait policy must be in the environment before llama_cpp loads (see model.py)."""
+"""The thread-wait policy is decided in one place (edge/runtime/threads.py), before llama_cpp loads."""
 
 from __future__ import annotations
 
@@ -15,15 +15,26 @@ PROBE = (
     "import edge.runtime\n"
     "assert 'llama_cpp' not in sys.modules, 'llama_cpp loaded before the policy was set'\n"
     "import edge.runtime.engine\n"
-    "print(os.environ['OMP_WAIT_POLICY'])\n"
+    "print(os.environ.get('OMP_WAIT_POLICY', '-'), os.environ.get('GOMP_SPINCOUNT', '-'),"
+    " edge.runtime.WAIT_POLICY)\n"
 )
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, "passive"), ("active", "active")])
-def test_passive_wait_policy_is_the_overridable_default(given: str | None, expected: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if given is not None:
-        env["OMP_WAIT_POLICY"] = given
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "passive - passive"),
+        ({"EDGE_THREAD_WAIT": "default"}, "- - default"),
+        ({"EDGE_THREAD_WAIT": "spin:10000"}, "- 10000 spin:10000"),
+        ({"OMP_WAIT_POLICY": "active", "EDGE_THREAD_WAIT": "passive"},
+         "active - user:OMP_WAIT_POLICY=active"),
+    ],
+)
+def test_wait_policy_is_set_before_llama_cpp_loads_and_the_user_wins(env: dict[str, str],
+                                                                       expected: str) -> None:
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "EDGE_THREAD_WAIT")}
+    out = subprocess.run([sys.executable, "-c", PROBE], env={**base, **env}, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == expected

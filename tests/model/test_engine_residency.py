@@ -140,7 +140,7 @@ def test_failed_reload_fails_requests_with_model_load_error_then_recovers(
 
 def test_warm_up_leaves_no_trace_in_the_cache(smollm2_path: Path) -> None:
     with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=1) as eng:
-        ctx = eng._ctx
+        ctx = eng.residency.ctx
         assert ctx is not None
         assert [ctx.seq_pos_max(s) for s in range(2)] == [-1, -1]
         assert eng.stats().kv_cells_used == 0
