@@ -9,9 +9,11 @@ work. Leaving a state needs the signal to fall well below its threshold
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from edge.errors import InsufficientMemory, KvCacheFull
 from edge.runtime.types import EngineStats
-from edge.scheduler.state import ControlInput, ControllerConfig, MemoryMode, QueueState
+from edge.scheduler.state import ControlInput, ControllerConfig, ControllerState, MemoryMode
 from edge.telemetry.sample import PressureLevel
 
 TIGHT_RESERVE_FACTOR = 1.25  # available below reserve x this: stop admitting
@@ -123,11 +125,27 @@ def should_evict(inp: ControlInput, mode: MemoryMode, prev_avail: tuple[float, i
     return False, ""
 
 
-def should_unload(queue: QueueState, now_s: float, keep_alive_s: float | None) -> bool:
-    """Keep-alive: unload after `keep_alive_s` without any request (None: never)."""
-    if keep_alive_s is None or queue.busy or queue.last_activity_s is None:
-        return False
-    return now_s - queue.last_activity_s >= keep_alive_s
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """The memory stage of `decide()`: mode, why, whether to evict, and when memory was last short."""
+
+    mode: MemoryMode
+    reason: str
+    evict: bool
+    short_at_s: float | None
+
+
+def memory_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConfig) -> MemoryVerdict:
+    now = inp.t_s
+    short_at = now if memory_short(inp, cfg.reserve_bytes) else state.mem_short_at_s
+    short_recently = short_at is not None and now - short_at <= PSI_TRAIL_S
+    mode, reason = memory_mode(inp, state.memory, cfg, state.psi_prev, short_recently)
+    evict, evict_reason = should_evict(inp, mode, state.mem_prev, state.evicted, cfg)
+    if evict:
+        if mode is MemoryMode.OK:
+            mode = MemoryMode.TIGHT  # evicted: nothing is admitted until memory is fully back
+        reason = f"{reason}; {evict_reason}"
+    return MemoryVerdict(mode, reason, evict, short_at)
 
 
 def free_kv_cells(stats: EngineStats, reserved_cells: int) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from edge.config import DeviceProfile
 from edge.runtime.types import Knobs
 from edge.telemetry.sample import PressureLevel
 
@@ -156,7 +157,6 @@ class ControllerConfig:
     psi_some_pause_pct: float = 10.0  # admission pauses above this PSI some avg10
     psi_full_shed_pct: float = 2.0  # background is shed above this PSI full avg10
     memory_release_factor: float = 0.5  # leave TIGHT/SHED below threshold * factor
-    keep_alive_s: float | None = None  # unload after this idle time (None: never)
     footprint_bytes: int = 0  # memory a reload takes back (the memory plan's total less its reserve)
 
     @property
@@ -170,6 +170,27 @@ class ControllerConfig:
         return 1.0 / self.on_band_c
 
 
+def config_for_device(
+    n_slots: int,
+    max_threads: int,
+    profile: DeviceProfile | None,
+    *,
+    reserve_bytes: int | None = None,
+    footprint_bytes: int = 0,
+    decode_tps: tuple[tuple[int, int, float], ...] = (),
+) -> ControllerConfig:
+    """Production gains with this device's facts: `edge serve` and `edge sim` both build it here,
+    so the simulator checks the controller that ships. `reserve_bytes` overrides the profile's."""
+    facts: dict[str, Any] = {"n_slots": n_slots, "max_threads": max_threads,
+                             "footprint_bytes": footprint_bytes, "decode_tps": decode_tps}
+    if profile is not None:
+        facts["limit_c"] = profile.thermal_limit_c
+        facts["reserve_bytes"] = profile.memory_reserve_bytes
+    if reserve_bytes is not None:
+        facts["reserve_bytes"] = reserve_bytes
+    return ControllerConfig(**facts)
+
+
 @dataclass(frozen=True)
 class ControllerState:
     """Memory of the controller between decisions."""
@@ -181,8 +202,6 @@ class ControllerState:
     last_t_s: float | None = None
     integral_c_s: float = 0.0
     u_sus: float = 1.0  # learned sustainable load; starts optimistic, learned near T_set
-    idle_since_s: float | None = None
-    unloaded: bool = False
     psi_prev: tuple[float | None, float | None] = (None, None)  # last (some, full) PSI avg10
     mem_short_at_s: float | None = None  # last time MemAvailable was near or below the reserve
     mem_prev: tuple[float, int] | None = None  # (t_s, MemAvailable) of the last reading
@@ -200,7 +219,7 @@ class Decision:
     admit_interactive: bool
     admit_background: bool
     shed_background: bool
-    unload: bool
+    unload: bool  # give the model's memory back (a memory emergency; keep-alive is the engine's)
     reason: str
     t_s: float
     budget: float = 1.0  # allowed load fraction, 0..1

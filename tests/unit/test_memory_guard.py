@@ -1,4 +1,4 @@
-"""Memory guard: KV fit, reserve, PSI thresholds with hysteresis, shedding, keep-alive."""
+"""Memory guard: KV fit, reserve, PSI thresholds with hysteresis, shedding, eviction."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from edge.scheduler.memory import (
     memory_mode,
     psi_easing,
     should_evict,
-    should_unload,
 )
-from edge.scheduler.state import ControlInput, ControllerConfig, MemoryMode, QueueState
+from edge.scheduler.state import ControlInput, ControllerConfig, MemoryMode
 from edge.telemetry.sample import PressureLevel
 from tests.fakes import engine_stats
 
@@ -128,11 +127,3 @@ def test_system_memory_reserve_when_kv_commits_lazily() -> None:
                    kv_bytes_per_cell=per_cell)  # 95 MiB would dip below it
     assert exc.value.available_bytes == 1100 * MiB
 
-
-def test_keep_alive() -> None:
-    q = QueueState(last_activity_s=10.0)
-    assert not should_unload(q, 100.0, None)
-    assert not should_unload(q, 69.9, 60.0)
-    assert should_unload(q, 70.0, 60.0)
-    assert not should_unload(QueueState(waiting_background=1, last_activity_s=10.0), 1000.0, 60.0)
-    assert not should_unload(QueueState(), 1000.0, 60.0)  # never used yet: nothing to unload
