@@ -59,6 +59,7 @@ class ScriptedHandle:
         self.emitted = 0
         self.cancel_requested = False
         self.finish_reason: FinishReason | None = None
+        self.on_start: Callable[[], None] | None = None
         self._events: list[Any] = []
         self._cond = threading.Condition()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
@@ -196,7 +197,16 @@ class ScriptedEngine:
         return " ".join(parts) + (" <assistant>" if add_generation_prompt else "")
 
     # --- requests --------------------------------------------------------
-    def submit(self, request: GenerationRequest) -> ScriptedHandle:
+    def unload(self, timeout_s: float | None = 60.0) -> bool:
+        """Idle: UNLOADED (the next submit is served as if reloaded); busy: refused."""
+        with self._lock:
+            if self.waiting or self.active:
+                return False
+            self._state = EngineState.UNLOADED
+            return True
+
+    def submit(self, request: GenerationRequest,
+               on_start: Callable[[], None] | None = None) -> ScriptedHandle:
         if self._state in (EngineState.DRAINING, EngineState.STOPPED, EngineState.FAILED):
             raise EngineStopped()
         if request.max_tokens < 1:
@@ -211,7 +221,10 @@ class ScriptedEngine:
         if not request.request_id:
             request = replace(request, request_id=f"req-{next(self._ids)}")
         handle = ScriptedHandle(request, list(self.script(request)), n_prompt)
+        handle.on_start = on_start
         with self._lock:
+            if self._state is EngineState.UNLOADED:
+                self._state = EngineState.READY  # a real engine reloads here
             self.submitted.append(request)
             self.waiting.append(handle)
         if self.autostep:
@@ -236,7 +249,10 @@ class ScriptedEngine:
             return
         self.waiting.sort(key=lambda h: h.request.priority)  # stable: FIFO within a priority
         while self.waiting and len(self.active) < min(self.n_slots, self.knobs.active_limit):
-            self.active.append(self.waiting.pop(0))
+            h = self.waiting.pop(0)
+            self.active.append(h)
+            if h.on_start is not None:  # it holds a slot now, as in the real engine
+                h.on_start()
         for h in list(self.active):
             if self.fail_with is not None:
                 self.active.remove(h)

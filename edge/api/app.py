@@ -21,7 +21,6 @@ from starlette.middleware.cors import CORSMiddleware
 
 from edge import __version__
 from edge.api import openai, ops, page
-from edge.api.admission import AdmissionLike, BoundedAdmission
 from edge.api.errors import error_payload, to_http
 from edge.api.metrics import ApiMetrics
 from edge.api.middleware import AuthMiddleware, BodyLimitMiddleware, CountMiddleware
@@ -29,6 +28,8 @@ from edge.api.state import ApiState
 from edge.config import Settings
 from edge.errors import EdgeError
 from edge.runtime.types import EngineLike
+from edge.scheduler.admission import Admission, AdmissionLike
+from edge.scheduler.loop import SchedulerLike
 
 log = logging.getLogger("edge.api")
 
@@ -36,7 +37,7 @@ log = logging.getLogger("edge.api")
 def create_app(
     settings: Settings,
     engine: EngineLike,
-    scheduler: Any = None,
+    scheduler: SchedulerLike | None = None,
     *,
     admission: AdmissionLike | None = None,
     model_id: str | None = None,
@@ -45,16 +46,15 @@ def create_app(
     plan: Any = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> FastAPI:
-    """Build the app. `admission` defaults to the scheduler's, else a bounded in-flight count.
+    """Build the app. `admission` defaults to the scheduler's, else one without heat or memory checks.
 
     `api_key` None means "use settings" (api_key or api_key_file); pass "" to force no key.
     """
     if api_key is None:
         api_key = settings.resolved_api_key()
     if admission is None:
-        admission = getattr(scheduler, "admission", None) or BoundedAdmission(
-            engine.n_slots, settings.max_queue
-        )
+        admission = scheduler.admission if scheduler is not None else Admission(
+            settings.max_queue, n_slots=engine.n_slots)
     model_id = model_id or engine.model_name
     names = frozenset({model_id, engine.model_name, *model_aliases})
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from edge.api.admission import TicketLike
 from edge.api.schemas import ResponseFormat, _SamplingFields
 from edge.api.state import ApiState, ServerState
 from edge.errors import ContextOverflow, EdgeError, EngineStopped, InvalidRequest
+from edge.runtime.sampling import json_schema_to_grammar
 from edge.runtime.types import (
     FinishReason,
     GenerationRequest,
@@ -29,22 +29,11 @@ from edge.runtime.types import (
     TokenEvent,
     Usage,
 )
+from edge.scheduler.admission import TicketLike
 
 log = logging.getLogger("edge.api")
 
 PRIORITY_HEADER = "x-edge-priority"
-
-# Generic JSON grammar (llama.cpp grammars/json.gbnf) for response_format json_object.
-JSON_GBNF = r"""
-root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
-array  ::= "[" ws ( value ("," ws value)* )? "]" ws
-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-ws     ::= | " " | "\n" [ \t]{0,20}
-"""
-
 
 def parse_priority(value: str | None) -> Priority:
     if value is None or value.strip().lower() in ("", "interactive"):
@@ -55,26 +44,14 @@ def parse_priority(value: str | None) -> Priority:
 
 
 def grammar_for(fmt: ResponseFormat | None) -> str | None:
+    """GBNF for `response_format`, from llama.cpp's own converter (InvalidRequest when it cannot)."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        try:
-            from edge.runtime.sampling import json_schema_to_grammar as to_gbnf
-        except ImportError:  # llama_cpp missing (tests with a fake engine)
-            return JSON_GBNF
-        return to_gbnf(None)
+        return json_schema_to_grammar(None)
     if fmt.json_schema is None or not fmt.json_schema.schema_:
         raise InvalidRequest("response_format json_schema needs json_schema.schema", "response_format")
-    try:
-        from edge.runtime.sampling import json_schema_to_grammar
-    except ImportError:
-        raise InvalidRequest("json_schema is not available in this build", "response_format") from None
-    try:
-        return json_schema_to_grammar(fmt.json_schema.schema_)
-    except EdgeError:
-        raise
-    except Exception as exc:  # the converter rejects schemas it cannot express
-        raise InvalidRequest(f"unsupported JSON schema: {exc}", "response_format") from None
+    return json_schema_to_grammar(fmt.json_schema.schema_)
 
 
 def sampling_for(body: _SamplingFields, grammar: str | None) -> SamplingParams:
@@ -140,7 +117,6 @@ class Outcome:
     usage: Usage | None = None
     n_generated: int = 0
     error: Exception | None = None
-    started: bool = False
 
 
 @dataclass
@@ -168,14 +144,15 @@ class Generation:
         if st.server_state is not ServerState.SERVING:
             raise EngineStopped("server is draining; retry shortly")
         try:
-            for i, job in enumerate(self.jobs):
-                ticket = st.admission.admit(self.priority, job.n_prompt, job.request.max_tokens)
-                self.tickets.append(ticket)
-                if hasattr(ticket, "bind"):  # the scheduler may shed background work later
-                    ticket.bind(partial(self._shed, i))
-            for job in self.jobs:
+            needs = [(job.n_prompt, job.request.max_tokens) for job in self.jobs]
+            self.tickets = list(st.admission.admit_all(self.priority, needs))  # all prompts, or none
+            for i, ticket in enumerate(self.tickets):
+                ticket.bind(partial(self._shed, i))  # the scheduler may shed this work later
+            for job, ticket in zip(self.jobs, self.tickets, strict=True):
                 rid = f"req-{uuid.uuid4().hex[:16]}"
-                handle = st.engine.submit(replace(job.request, priority=self.priority, request_id=rid))
+                # the engine starts the ticket when the sequence takes a slot: it no longer waits
+                handle = st.engine.submit(replace(job.request, priority=self.priority, request_id=rid),
+                                          on_start=ticket.start)
                 self.handles.append(handle)
                 st.track(rid, handle)
         except BaseException:
@@ -224,11 +201,6 @@ class Generation:
         async for index, ev in _merge(self.handles):
             now_s = self.st.clock()
             out = self.outcomes[index]
-            if not out.started:
-                out.started = True
-                ticket = self.tickets[index] if index < len(self.tickets) else None
-                if ticket is not None and hasattr(ticket, "start"):
-                    ticket.start()  # it holds a slot now: no longer counts as waiting
             if ev.n_tokens:
                 if self.first_token_s is None:
                     self.first_token_s = now_s

@@ -37,19 +37,6 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-def _queue(st: ApiState) -> Any:
-    adm = st.admission
-    if hasattr(adm, "status"):
-        return _plain(adm.status())
-    if hasattr(adm, "queue_state"):  # the scheduler's Admission
-        return {
-            "kind": "scheduler",
-            "max_queue": getattr(adm, "max_queue", None),
-            **_plain(adm.queue_state()),
-        }
-    return None
-
-
 @router.get("/health")
 async def health() -> dict[str, str]:
     """Liveness: the process answers. Readiness is /ready."""
@@ -106,7 +93,7 @@ async def status(request: Request) -> dict[str, Any]:
             "waiting": stats.waiting if stats else 0,
         },
         "knobs": _plain(stats.knobs) if stats else None,
-        "queue": _queue(st),
+        "queue": _plain(st.admission.status()),
         "plan": plan_json,
         "scheduler": _plain(st.scheduler_status()),
     }

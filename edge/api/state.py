@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from edge.api.admission import AdmissionLike
 from edge.api.metrics import ApiMetrics
 from edge.config import Settings
 from edge.errors import ModelNotFound
 from edge.runtime.types import EngineLike, EngineState, RequestHandleLike
+from edge.scheduler.admission import AdmissionLike
+from edge.scheduler.loop import SchedulerLike
 
 
 class ServerState(str, Enum):
@@ -37,7 +38,7 @@ class ApiState:
     model_id: str
     model_names: frozenset[str]
     api_key: str | None
-    scheduler: Any = None
+    scheduler: SchedulerLike | None = None
     plan: Any = None
     clock: Callable[[], float] = time.perf_counter
     started_unix_s: float = field(default_factory=time.time)
@@ -49,10 +50,7 @@ class ApiState:
             raise ModelNotFound(name, f"this server serves {self.model_id!r}")
 
     def scheduler_status(self) -> dict[str, Any] | None:
-        if self.scheduler is None or not hasattr(self.scheduler, "status"):
-            return None
-        status = self.scheduler.status()
-        return status if isinstance(status, dict) else None
+        return None if self.scheduler is None else self.scheduler.status()
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, reason): not ready while loading, draining, paused or failed."""

@@ -1,5 +1,8 @@
 """Admission: a bounded, priority-aware account of requests, checked before the engine sees them.
 
+One class serves every configuration: without a scheduler nobody calls `update()`,
+so the heat and memory checks are off and only the bounds apply.
+
 The API calls `admit()` before `engine.submit()` and `Ticket.release()` when the
 request ends, however it ends. Admission enforces, in order: heat (DevicePaused),
 memory state (DevicePaused / RequestShed for background), the queue bound
@@ -8,8 +11,15 @@ requests always find room), and the KV/memory fit (KvCacheFull,
 InsufficientMemory). Every refusal carries a Retry-After derived from the
 current completion rate or the controller's cooldown estimate, never a constant.
 
-Tickets move WAITING -> RUNNING -> DONE (or SHED): the engine's scheduler marks
-them running via `Ticket.start()`; shedding ends background tickets with a
+The queue bound: `max_queue` requests may wait beyond the running ones. A request
+that will take a free slot does not wait, so with `n_slots` slots at most
+`n_slots + max_queue` requests are in flight, and `max_queue=0` still serves one
+request per free slot. A request with more prompts than that can never fit: it is
+refused once with InvalidRequest (400), never told to retry.
+
+Tickets move WAITING -> RUNNING -> DONE (or SHED): the engine calls `Ticket.start()`
+when the request's sequence gets a slot (`engine.submit(..., on_start=ticket.start)`),
+in production and in `edge sim` alike; shedding ends background tickets with a
 RequestShed error handed to the callback the API bound, so nothing is lost silently.
 
 Background work follows the engine knob exactly: while the decision says
@@ -25,17 +35,36 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import Enum
+from typing import Any, Protocol
 
 from edge.clock import Clock, SystemClock
-from edge.errors import DevicePaused, EdgeError, QueueFull, RequestShed
+from edge.errors import DevicePaused, EdgeError, InvalidRequest, QueueFull, RequestShed
 from edge.runtime.types import EngineStats, Priority
 from edge.scheduler.memory import check_fits, free_kv_cells
 from edge.scheduler.state import Decision, MemoryMode, QueueState
 
 RATE_WINDOW_S = 60.0
 MIN_RETRY_S, MAX_RETRY_S = 1.0, 120.0
+
+
+class TicketLike(Protocol):
+    """One admitted request's claim, as the API holds it."""
+
+    def bind(self, on_shed: Callable[[EdgeError], None]) -> None: ...
+
+    def start(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class AdmissionLike(Protocol):
+    """What the API needs from admission (tests substitute fakes)."""
+
+    def admit_all(self, priority: Priority, needs: Sequence[tuple[int, int]]) -> Sequence[TicketLike]: ...
+
+    def status(self) -> dict[str, Any]: ...
 
 
 class TicketState(str, Enum):
@@ -82,6 +111,9 @@ class Admission:
         self,
         max_queue: int,
         stats_provider: Callable[[], EngineStats | None] | None = None,
+        *,
+        n_slots: int = 0,
+        scheduled: bool = False,
         clock: Clock | None = None,
         reserve_bytes: int = 0,
         kv_bytes_per_cell: int = 0,
@@ -90,6 +122,8 @@ class Admission:
         wall_s_per_decision_s: float = 1.0,
     ) -> None:
         self.max_queue = max_queue
+        self.n_slots = n_slots  # requests that run without waiting (0: every request counts as waiting)
+        self.scheduled = scheduled  # a scheduler feeds it decisions (shown as the queue's kind)
         self.stats_provider = stats_provider or (lambda: None)
         self.clock = clock or SystemClock()
         self.reserve_bytes = reserve_bytes
@@ -151,19 +185,36 @@ class Admission:
 
     # --- the API's side ---------------------------------------------------
     def admit(self, priority: Priority, prompt_tokens: int, max_tokens: int) -> Ticket:
-        """Admit or raise a typed, retryable error."""
+        """Admit one request or raise a typed, retryable error."""
+        return self.admit_all(priority, [(prompt_tokens, max_tokens)])[0]
+
+    def admit_all(self, priority: Priority, needs: Sequence[tuple[int, int]]) -> list[Ticket]:
+        """Admit the prompts of one request together (prompt tokens, max tokens each), or none."""
         stats = self.stats_provider()
         with self._lock:
             try:
-                return self._admit_locked(priority, prompt_tokens, max_tokens, stats)
+                self._check_state(priority)
+                self._check_bound(priority, len(needs), stats)
+                tickets: list[Ticket] = []
+                try:
+                    for prompt_tokens, max_tokens in needs:
+                        tickets.append(self._admit_locked(priority, prompt_tokens, max_tokens, stats))
+                except BaseException:
+                    for t in tickets:
+                        del self._tickets[t.ticket_id]
+                    raise
+                return tickets
             except EdgeError as exc:
                 key = type(exc).__name__
                 self.rejected[key] = self.rejected.get(key, 0) + 1
                 raise
 
-    def _admit_locked(
-        self, priority: Priority, prompt_tokens: int, max_tokens: int, stats: EngineStats | None
-    ) -> Ticket:
+    @property
+    def in_flight(self) -> int:
+        return len(self._tickets)
+
+    def _check_state(self, priority: Priority) -> None:
+        """Heat and memory refusals (off until the scheduler has sent a decision)."""
         d = self.decision
         wall = self.wall_s_per_decision_s
         if d is not None:
@@ -176,12 +227,25 @@ class Admission:
             if priority is Priority.BACKGROUND and not d.admit_background:
                 raise DevicePaused(reason=f"background work is not admitted now ({d.reason})",
                                    retry_after_s=_clamp(d.background_retry_s * wall))
-        waiting = self._count(TicketState.WAITING)
+
+    def _check_bound(self, priority: Priority, n: int, stats: EngineStats | None) -> None:
+        """`n` more requests may come in when those that must wait fit in the queue."""
         bound = self.max_queue
         if priority is Priority.BACKGROUND:
             bound = int(self.max_queue * self.background_share)
-        if waiting >= bound:
-            raise QueueFull(max_queue=bound, retry_after_s=self._queue_retry_s(waiting - bound + 1, stats))
+        if n > self.n_slots + bound:
+            raise InvalidRequest(
+                f"this request has {n} prompts; this server runs {self.n_slots} and queues {bound} "
+                f"{'background ' if priority is Priority.BACKGROUND else ''}requests at most", "prompt")
+        waiting = self._count(TicketState.WAITING)
+        free_slots = max(0, self.n_slots - self._count(TicketState.RUNNING))
+        over = waiting + n - free_slots - bound
+        if over > 0:
+            raise QueueFull(max_queue=bound, retry_after_s=self._queue_retry_s(over, stats))
+
+    def _admit_locked(
+        self, priority: Priority, prompt_tokens: int, max_tokens: int, stats: EngineStats | None
+    ) -> Ticket:
         reserved = sum(t.need_cells for t in self._tickets.values())
         need = prompt_tokens + max_tokens
         retry = self._kv_retry_s(need, reserved, stats)
@@ -220,6 +284,22 @@ class Admission:
                 last_activity_s=self._last_activity_s,
             )
 
+    def status(self) -> dict[str, Any]:
+        """The queue as /v1/status shows it."""
+        q = self.queue_state()
+        return {
+            "kind": "scheduler" if self.scheduled else "bounded",
+            "in_flight": self.in_flight,
+            "max_running": self.n_slots,
+            "max_queue": self.max_queue,
+            "waiting_interactive": q.waiting_interactive,
+            "waiting_background": q.waiting_background,
+            "running_interactive": q.running_interactive,
+            "running_background": q.running_background,
+            "rejected": dict(self.rejected),
+            "shed": self.shed_count,
+        }
+
     def completions_per_s(self) -> float:
         """Requests finished per second over the last minute."""
         now = self.clock.monotonic()
@@ -238,7 +318,8 @@ class Admission:
         tps = _tokens_per_s(stats)
         mean_need = (sum(t.need_cells for t in self._tickets.values()) / len(self._tickets)
                      if self._tickets else 256)
-        return _clamp(places * mean_need / tps if tps > 0 else MAX_RETRY_S / 4)
+        # no rate measured yet (nothing has run): ask again soon; that answer will carry a measured one
+        return _clamp(places * mean_need / tps if tps > 0 else MIN_RETRY_S)
 
     def _kv_retry_s(self, need: int, reserved: int, stats: EngineStats | None) -> float:
         if stats is None:

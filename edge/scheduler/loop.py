@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from edge.clock import Clock, SystemClock
-from edge.runtime.types import EngineLike, EngineState, EngineStats
+from edge.runtime.types import EngineState, EngineStats, Knobs
 from edge.scheduler.admission import Admission
 from edge.scheduler.controller import decide
 from edge.scheduler.state import (
@@ -39,13 +39,36 @@ class MonitorLike(Protocol):
     def latest(self) -> Any: ...
 
 
+class ControlledEngine(Protocol):
+    """What the loop turns: the real engine, and `edge sim`'s modelled one."""
+
+    def stats(self) -> EngineStats: ...
+
+    def apply(self, knobs: Knobs) -> None: ...
+
+    def unload(self, timeout_s: float | None = 60.0) -> bool: ...
+
+    @property
+    def state(self) -> EngineState: ...
+
+
+class SchedulerLike(Protocol):
+    """The scheduler as the API and the service see it."""
+
+    admission: Admission
+
+    def status(self) -> dict[str, Any]: ...
+
+    def start_thread(self, stop_event: threading.Event) -> threading.Thread: ...
+
+
 class SchedulerLoop:
     """Owns the controller state; `tick()` is one iteration, `run_forever()` the production thread."""
 
     def __init__(
         self,
         monitor: MonitorLike | None,
-        engine: EngineLike,
+        engine: ControlledEngine,
         clock: Clock | None = None,
         config: ControllerConfig | None = None,
         admission: Admission | None = None,
@@ -63,8 +86,7 @@ class SchedulerLoop:
         self.knob_changes = 0
         self.ticks = 0
         self.errors = 0
-        self.unloads = 0  # unloads done (keep-alive and memory evictions)
-        self.evictions = 0  # unloads forced by a memory emergency
+        self.evictions = 0  # unloads forced by a memory emergency (keep-alive is the engine's own)
         self._warned_unavailable = False
         if wait is None:
             wait = (lambda ev, t: ev.wait(t)) if isinstance(self.clock, SystemClock) else (
@@ -146,18 +168,14 @@ class SchedulerLoop:
         return decision
 
     def _unload(self, decision: Decision) -> None:
-        """Free the model (keep-alive, or a memory emergency); the engine reloads on the next request."""
-        unload = getattr(self.engine, "unload", None)
-        if unload is None or self.engine.state in (EngineState.UNLOADED, EngineState.LOADING):
+        """Free the model under a memory emergency; the engine reloads on the next request.
+        (Keep-alive unloading after idle time is the engine's own, on the engine's clock.)"""
+        if self.engine.state in (EngineState.UNLOADED, EngineState.LOADING):
             return
         try:
-            if unload():  # False when the engine has work: decided again next tick
-                self.unloads += 1
-                if decision.evict:
-                    self.evictions += 1
-                    log.warning("model unloaded to give memory back: %s", decision.reason)
-                else:
-                    log.info("model unloaded: %s", decision.reason)
+            if self.engine.unload():  # False when the engine has work: decided again next tick
+                self.evictions += 1
+                log.warning("model unloaded to give memory back: %s", decision.reason)
         except Exception as exc:
             log.error("engine.unload failed: %s", exc)
             self.errors += 1
@@ -202,7 +220,6 @@ class SchedulerLoop:
             "knob_changes": self.knob_changes,
             "ticks": self.ticks,
             "errors": self.errors,
-            "unloads": self.unloads,
             "evictions": self.evictions,
             "sim_device": self._sim_status(),
         }

@@ -10,15 +10,19 @@ import ipaddress
 import logging
 import socket
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from edge.clock import Clock
 from edge.config import Settings
 from edge.errors import ConfigError
 from edge.runtime.types import EngineLike
+
+if TYPE_CHECKING:
+    from edge.scheduler.loop import SchedulerLoop
+    from edge.telemetry.monitor import TelemetrySource
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +119,9 @@ def device_profile(settings: Settings) -> Any:
 def build_scheduler(
     settings: Settings,
     engine: EngineLike,
-    source_factory: Callable[[Settings], Any] | None = None,
-    base_clock: Any = None,
-) -> Any:
+    source_factory: Callable[[Settings], TelemetrySource] | None = None,
+    base_clock: Clock | None = None,
+) -> SchedulerLoop:
     """Telemetry monitor + admission + scheduler loop sized to this engine and device.
 
     The controller's slot and thread ceilings come from the engine (never more than it was
@@ -132,12 +136,12 @@ def build_scheduler(
     """
     from edge.scheduler.admission import Admission
     from edge.scheduler.loop import SchedulerLoop
-    from edge.scheduler.state import ControllerConfig
+    from edge.scheduler.state import config_for_device
     from edge.telemetry.detect import source_from_settings
     from edge.telemetry.monitor import Monitor
 
-    spec = str(getattr(settings, "telemetry", "auto")).strip()
-    clock: Any = None
+    spec = settings.telemetry.strip()
+    clock: Clock | None = None
     scale = 1.0
     if source_factory is not None:
         source = source_factory(settings)
@@ -159,26 +163,21 @@ def build_scheduler(
     else:
         profile = device_profile(settings)
     knobs = engine.stats().knobs
-    overrides: dict[str, Any] = {
-        "n_slots": engine.n_slots,
-        "max_threads": knobs.n_threads,
-        "keep_alive_s": settings.keep_alive_s,
-    }
-    if profile is not None:
-        overrides["limit_c"] = profile.thermal_limit_c
-        overrides["reserve_bytes"] = profile.memory_reserve_bytes
-    if settings.memory_reserve_bytes is not None:
-        overrides["reserve_bytes"] = settings.memory_reserve_bytes
-    plan = getattr(engine, "plan", None)
+    plan = getattr(engine, "plan", None)  # the real engine's memory plan; absent on fakes
+    footprint = 0
     if plan is not None and getattr(plan, "total_bytes", None) is not None:
-        overrides["footprint_bytes"] = max(0, int(plan.total_bytes) - int(plan.reserve_bytes))
+        footprint = max(0, int(plan.total_bytes) - int(plan.reserve_bytes))
     throughput = _calibration(settings, source)
-    if throughput is not None:
-        overrides["decode_tps"] = throughput.decode_table(engine.n_slots, knobs.n_threads)
-    config = ControllerConfig(**overrides)
+    config = config_for_device(
+        engine.n_slots, knobs.n_threads, profile, reserve_bytes=settings.memory_reserve_bytes,
+        footprint_bytes=footprint,
+        decode_tps=throughput.decode_table(engine.n_slots, knobs.n_threads) if throughput is not None else ())
     monitor = Monitor(source, clock=clock, profile=profile)
-    admission = Admission(settings.max_queue, stats_provider=engine.stats, clock=base_clock,
-                          reserve_bytes=config.reserve_bytes, wall_s_per_decision_s=1.0 / scale)
+    # admission keeps wall time (Retry-After is for clients); the scheduler compares only its own
+    # clock's times (`clock`, compressed under sim:PROFILE@SCALE)
+    admission = Admission(settings.max_queue, stats_provider=engine.stats, n_slots=engine.n_slots,
+                          scheduled=True, clock=base_clock, reserve_bytes=config.reserve_bytes,
+                          wall_s_per_decision_s=1.0 / scale)
     log.info(
         "scheduler: profile %s, limit %.0f C, reserve %d MiB, %d slots, %d threads, telemetry %s%s, "
         "calibration %s",
@@ -204,13 +203,6 @@ def _calibration(settings: Settings, source: Any) -> Any:
         return load_throughput(name)  # ConfigError (exit 2) names the missing file
     device = getattr(source, "device", None)
     return getattr(device, "throughput", None)
-
-
-def start_scheduler(scheduler: Any) -> tuple[threading.Event, threading.Thread | None]:
-    stop = threading.Event()
-    if scheduler is None:
-        return stop, None
-    return stop, scheduler.start_thread(stop)
 
 
 def plan_of(engine: EngineLike, path: Path, settings: Settings) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edge.clock import ManualClock
-from edge.errors import DevicePaused, EdgeError, KvCacheFull, QueueFull, RequestShed
+from edge.errors import DevicePaused, EdgeError, InvalidRequest, KvCacheFull, QueueFull, RequestShed
 from edge.runtime.types import EngineStats, Knobs, Priority
 from edge.scheduler.admission import Admission, TicketState
 from edge.scheduler.state import Decision, MemoryMode, ThermalMode
@@ -187,3 +187,68 @@ def test_eviction_sheds_every_ticket_with_an_error() -> None:
     assert adm.queue_state().busy is False
     with pytest.raises(DevicePaused):
         adm.admit(INT, 10, 10)
+
+
+def test_max_queue_counts_only_requests_waiting_beyond_the_free_slots() -> None:
+    """`--max-queue N`: N requests may wait beyond the running ones. A request about to take a free
+    slot does not wait (the defect: --slots 1 --max-queue 0 refused every request)."""
+    adm = Admission(max_queue=0, n_slots=1, clock=ManualClock())
+    first = adm.admit(INT, 5, 5)  # idle server, one free slot: served
+    with pytest.raises(QueueFull) as exc:
+        adm.admit(INT, 5, 5)  # the slot is taken (or about to be) and nothing may wait
+    assert exc.value.max_queue == 0 and exc.value.retry_after_s >= 1.0
+    first.start()
+    first.release()
+    adm.admit(INT, 5, 5)  # the slot is free again
+
+
+@pytest.mark.parametrize(("n_slots", "max_queue", "extra"), [(2, 2, 0), (2, 2, 6), (4, 0, 3), (1, 5, 1)])
+def test_a_burst_of_slots_plus_queue_is_served_and_only_the_rest_refused(
+        n_slots: int, max_queue: int, extra: int) -> None:
+    adm = Admission(max_queue=max_queue, n_slots=n_slots, clock=ManualClock())
+    admitted, refused = [], []
+    for _ in range(n_slots + max_queue + extra):  # all at once: the engine has started none yet
+        try:
+            admitted.append(adm.admit(INT, 5, 5))
+        except QueueFull as exc:
+            refused.append(exc)
+    assert len(admitted) == n_slots + max_queue and len(refused) == extra
+    assert all(e.retry_after_s >= 1.0 for e in refused)
+    for t in admitted[:n_slots]:  # the engine gives slots to the first ones: still full
+        t.start()
+    with pytest.raises(QueueFull):
+        adm.admit(INT, 5, 5)
+    admitted[0].release()  # one finishes: exactly one more fits
+    adm.admit(INT, 5, 5)
+    with pytest.raises(QueueFull):
+        adm.admit(INT, 5, 5)
+
+
+def test_the_prompts_of_one_request_are_admitted_together_or_refused_once() -> None:
+    adm = Admission(max_queue=4, n_slots=2, clock=ManualClock())
+    five = adm.admit_all(INT, [(5, 5)] * 5)  # 2 run, 3 wait: fits, served
+    assert len(five) == 5 and adm.in_flight == 5
+    with pytest.raises(QueueFull):
+        adm.admit_all(INT, [(5, 5)] * 2)  # only one place left: none of the two is admitted
+    assert adm.in_flight == 5
+    for t in five:
+        t.release()
+    with pytest.raises(InvalidRequest) as exc:
+        adm.admit_all(INT, [(5, 5)] * 7)  # can never fit: told once, not "retry" forever
+    assert "7 prompts" in str(exc.value) and exc.value.param == "prompt"
+    bg = adm.admit_all(BG, [(5, 5)] * 3)  # background may use the slots and half the queue
+    assert len(bg) == 3
+    assert adm.rejected == {"QueueFull": 1, "InvalidRequest": 1}
+
+
+def test_no_scheduler_means_no_heat_or_memory_checks_only_bounds() -> None:
+    """The same class serves `--no-scheduler`: until a decision arrives, only the bound applies."""
+    adm = Admission(max_queue=1, n_slots=1, clock=ManualClock(),
+                    stats_provider=lambda: kv_stats(used=0, total=1000))
+    tickets = [adm.admit(p, 10, 10) for p in (BG, INT)]
+    assert [t.state for t in tickets] == [TicketState.WAITING] * 2
+    status = adm.status()
+    assert status["kind"] == "bounded" and status["in_flight"] == 2 and status["max_running"] == 1
+    with pytest.raises(KvCacheFull):  # the KV fit still protects the engine
+        Admission(max_queue=8, n_slots=8, stats_provider=lambda: kv_stats(used=900, total=1000)).admit(
+            INT, 100, 100)

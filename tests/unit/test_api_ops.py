@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edge.api.state import ServerState
 from edge.runtime.types import EngineState, Knobs
+from edge.scheduler.admission import Admission
 from tests.fakes import CHAT, ScriptedEngine, make_app
 
 
@@ -85,6 +86,12 @@ def test_metrics_registries_are_per_app() -> None:
 
 
 class FakeScheduler:
+    def __init__(self) -> None:
+        self.admission = Admission(5, n_slots=2, scheduled=True)
+
+    def start_thread(self, stop_event: Any) -> Any:
+        raise AssertionError("the app never starts the scheduler")
+
     def status(self) -> dict[str, Any]:
         return {
             "decision": {"mode": "limiting", "reason": "hot", "active_limit": 1, "paused": False},

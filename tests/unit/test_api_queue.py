@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from edge.api.admission import BoundedAdmission
 from edge.errors import DevicePaused, QueueFull, RequestShed
 from edge.runtime.types import FinishReason, Priority
+from edge.scheduler.admission import Admission
 from tests.fakes import CHAT, AsgiCall, ScriptedEngine, make_app, settle
 
 COMPLETIONS = "/v1/completions"
@@ -49,7 +49,7 @@ def test_queue_bound_gives_503_with_retry_after() -> None:
 
 
 def test_max_queue_zero_allows_only_running_slots() -> None:
-    adm = BoundedAdmission(n_running=2, max_queue=0)
+    adm = Admission(max_queue=0, n_slots=2)
     t1 = adm.admit(Priority.INTERACTIVE, 1, 1)
     adm.admit(Priority.INTERACTIVE, 1, 1)
     try:
@@ -167,8 +167,11 @@ class RefusingAdmission:
     def __init__(self, err: Exception) -> None:
         self.err = err
 
-    def admit(self, priority: Priority, prompt_tokens: int, max_tokens: int) -> object:
+    def admit_all(self, priority: Priority, needs: list[tuple[int, int]]) -> list[object]:
         raise self.err
+
+    def status(self) -> dict[str, object]:
+        return {"kind": "refusing"}
 
 
 def test_device_paused_and_shed_are_503_with_retry_after() -> None:
@@ -206,9 +209,13 @@ class TicketAdmission:
     def __init__(self) -> None:
         self.tickets: list[ShedTicket] = []
 
-    def admit(self, priority: Priority, prompt_tokens: int, max_tokens: int) -> ShedTicket:
-        self.tickets.append(ShedTicket())
-        return self.tickets[-1]
+    def admit_all(self, priority: Priority, needs: list[tuple[int, int]]) -> list[ShedTicket]:
+        new = [ShedTicket() for _ in needs]
+        self.tickets.extend(new)
+        return new
+
+    def status(self) -> dict[str, object]:
+        return {"kind": "fake", "in_flight": len(self.tickets)}
 
 
 def test_scheduler_shedding_a_running_request_reports_503() -> None:
@@ -244,5 +251,64 @@ def test_client_gone_before_the_stream_starts_releases_everything() -> None:
         assert engine.waiting[0].cancel_requested
         engine.step()
         assert engine.waiting == [] and engine.active == []
+
+    asyncio.run(main())
+
+
+def test_max_queue_zero_serves_one_request_per_free_slot() -> None:
+    """The defect: `--slots 1 --max-queue 0` answered every request with 503, even when idle."""
+    async def main() -> None:
+        app, engine = make_app(ScriptedEngine(n_slots=1, autostep=False), max_queue=0)
+        a = AsgiCall(app, "POST", COMPLETIONS, _req())
+        ta = asyncio.create_task(a.run())
+        await settle()
+        b = AsgiCall(app, "POST", COMPLETIONS, _req())
+        await b.run()  # the one slot is taken and nothing may wait
+        assert b.status == 503 and b.header("retry-after") is not None
+        while not ta.done():
+            engine.step()
+            await settle()
+        assert a.status == 200
+
+    asyncio.run(main())
+
+
+def test_burst_of_slots_plus_queue_is_all_served_and_the_rest_refused() -> None:
+    async def main() -> None:
+        app, engine = make_app(ScriptedEngine(n_slots=2, autostep=False), max_queue=2)
+        calls = [AsgiCall(app, "POST", COMPLETIONS, _req()) for _ in range(7)]
+        tasks = [asyncio.create_task(c.run()) for c in calls]  # all arrive before any step
+        await settle()
+        while not all(t.done() for t in tasks):
+            engine.step()
+            await settle()
+        statuses = sorted(c.status for c in calls)
+        assert statuses == [200] * 4 + [503] * 3
+        assert all(c.header("retry-after") for c in calls if c.status == 503)
+
+    asyncio.run(main())
+
+
+def test_a_multi_prompt_completion_that_can_never_fit_is_a_400_once() -> None:
+    async def main() -> None:
+        app, engine = make_app(ScriptedEngine(n_slots=2, autostep=False), max_queue=4)
+        five = AsgiCall(app, "POST", COMPLETIONS, {**_req(), "prompt": ["a", "b", "c", "d", "e"]})
+        task = asyncio.create_task(five.run())  # idle server: 2 run, 3 wait
+        await settle()
+        while not task.done():
+            engine.step()
+            await settle()
+        assert five.status == 200
+        seven = AsgiCall(app, "POST", COMPLETIONS, {**_req(), "prompt": list("abcdefg")})
+        await seven.run()
+        assert seven.status == 400 and b"7 prompts" in seven.body_bytes
+        bg = AsgiCall(app, "POST", COMPLETIONS, {**_req(), "prompt": ["a", "b", "c"]},
+                      {"X-Edge-Priority": "background"})
+        task = asyncio.create_task(bg.run())  # was refused on an idle server
+        await settle()
+        while not task.done():
+            engine.step()
+            await settle()
+        assert bg.status == 200
 
     asyncio.run(main())
