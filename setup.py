@@ -29,7 +29,9 @@ setup(
         "jinja2>=3.1",  # sandboxed chat templates
         "prometheus-client>=0.20",  # /metrics text format and its parser
         "sse-starlette>=2.0",  # SSE framing, pings and disconnect detection
-        "tqdm>=4.66",  # download progress on a terminal
+        "tqdm>=4.66",  # download progress on a terminal, per-step bars of `edge bench http`
+        "httpx>=0.27",  # `edge bench http`: async streaming load generator (and `edge report`)
+        "matplotlib>=3.7",  # `edge report`'s PNG plots (Agg backend: no display needed)
         "platformdirs>=4.0",  # per-user model store on every OS
         "tomli>=2.0; python_version<'3.11'",
     ],
@@ -40,7 +42,10 @@ setup(
             "pytest-timeout>=2.3",
             "ruff>=0.6",
             "openai>=1.40",  # end-to-end tests drive the server with the official SDK
-            "httpx>=0.27",
+            # `edge bench http --compare llama-cpp-python` runs llama-cpp-python's own server,
+            # which needs its `server` extra beyond what edge already installs
+            "starlette-context>=0.3.6,<0.4",
+            "PyYAML>=5.1",
             # the chat page's browser test drives Debian's /usr/bin/chromium (never `playwright install`)
             "playwright>=1.40",
         ],

@@ -1,0 +1,43 @@
+"""Typed errors of the load test, each with the exit status scripts rely on.
+
+`edge bench http` exits 2 for usage/config errors (bad spec, unreachable URL) and
+3 when a server it had to start did not come up; `edge.errors.ConfigError` covers
+the first kind where a setting is at fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edge.errors import EdgeError, ErrorKind
+
+EXIT_OK = 0
+EXIT_REQUESTS_FAILED = 1  # the bench ran, but at least one request failed (see the table / JSON)
+EXIT_USAGE = 2
+EXIT_TARGET_START = 3
+
+
+@dataclass
+class TargetUnreachable(EdgeError):
+    """A target URL did not answer /v1/models (nothing listening, or not OpenAI-compatible)."""
+
+    url: str
+    reason: str
+    kind = ErrorKind.UNAVAILABLE
+
+    def __str__(self) -> str:
+        return f"target {self.url} unreachable: {self.reason}"
+
+
+@dataclass
+class TargetStartFailed(EdgeError):
+    """A server the bench launched exited or never became ready; `log_tail` says why."""
+
+    target: str
+    reason: str
+    log_tail: str = ""
+    kind = ErrorKind.UNAVAILABLE
+
+    def __str__(self) -> str:
+        tail = f"\n--- last lines of its log ---\n{self.log_tail}" if self.log_tail else ""
+        return f"target {self.target} failed to start: {self.reason}{tail}"

@@ -1,0 +1,184 @@
+"""PNG plots of a bench document, drawn with matplotlib's Agg canvas (no display, no pyplot state).
+
+- throughput.png: requests/s and output tokens/s vs concurrency, one line per target, knee marked
+- latency.png:    TTFT, TPOT and end-to-end latency P50/P90/P99 vs concurrency
+- thermal.png:    temperature and the scheduler's budget (throttle level) over time, steps shaded;
+                  only when the run sampled an edge target's /v1/status
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+PCT_STYLES = {"p50": "-", "p90": "--", "p99": ":"}
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _by_target(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for s in doc["steps"]:
+        out.setdefault(s["target"], []).append(s)
+    return {k: sorted(v, key=lambda s: s["concurrency"]) for k, v in out.items()}
+
+
+def _ladder_axis(ax: Axes, ladder: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ladder, [str(c) for c in ladder])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrent clients (closed loop)")
+    ax.grid(True, alpha=0.3)
+
+
+def throughput(doc: dict[str, Any], path: Path) -> Path:
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    ladder = sorted({s["concurrency"] for s in doc["steps"]})
+    for (label, steps), color in zip(_by_target(doc).items(), COLORS, strict=False):
+        cs = [s["concurrency"] for s in steps]
+        knee = doc["knee"].get(label)
+        for ax, key in zip(axes, ("requests_per_s", "output_tokens_per_s"), strict=True):
+            ax.plot(cs, [s[key] for s in steps], "o-", color=color, label=label)
+            if knee is not None:
+                ax.axvline(knee, color=color, linestyle=":", alpha=0.8, label=f"knee {label} (C={knee})")
+    axes[0].set_ylabel("successful requests / s")
+    axes[0].set_title("Requests per second")
+    axes[1].set_ylabel("output tokens / s")
+    axes[1].set_title("Output tokens per second")
+    for ax in axes:
+        _ladder_axis(ax, ladder)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Throughput vs concurrency ({_subtitle(doc)})")
+    return _save(fig, path)
+
+
+def latency(doc: dict[str, Any], path: Path) -> Path:
+    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    axes = fig.subplots(1, 3)
+    ladder = sorted({s["concurrency"] for s in doc["steps"]})
+    panels = (("ttft_s", "Time to first token (TTFT)"), ("tpot_s", "Time per output token after the first"),
+              ("e2e_s", "End-to-end request latency"))
+    targets = _by_target(doc)
+    for steps, color in zip(targets.values(), COLORS, strict=False):
+        cs = [s["concurrency"] for s in steps]
+        for ax, (key, _) in zip(axes, panels, strict=True):
+            for q, style in PCT_STYLES.items():
+                if key == "tpot_s" and q == "p99":
+                    continue  # the tail of a per-token mean says little; P50/P90 do
+                ys = [float("nan") if s[key][q] is None else s[key][q] * 1000 for s in steps]
+                ax.plot(cs, ys, style, marker="o", markersize=3, color=color)
+    # one legend entry per target (colour) and per percentile (line style), not per combination
+    handles = [Line2D([], [], color=c, marker="o", label=label)
+               for label, c in zip(targets, COLORS, strict=False)]
+    handles += [Line2D([], [], color="black", linestyle=st, label=q.upper()) for q, st in PCT_STYLES.items()]
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        ax.set_title(title)
+        ax.set_ylabel("milliseconds")
+        _ladder_axis(ax, ladder)
+        ax.set_ylim(bottom=0)
+        shown = [h for h in handles if not (key == "tpot_s" and h.get_label() == "P99")]
+        ax.legend(handles=shown, fontsize=8)
+    fig.suptitle(f"Latency percentiles vs concurrency, successful requests ({_subtitle(doc)})")
+    return _save(fig, path)
+
+
+def has_timeline(doc: dict[str, Any]) -> bool:
+    return any(any("error" not in p for p in pts) for pts in doc.get("timeline", {}).values())
+
+
+def thermal(doc: dict[str, Any], path: Path) -> Path:
+    fig = Figure(figsize=(11, 6), layout="constrained")
+    ax_t, ax_b = fig.subplots(2, 1, sharex=True)
+    any_temp = False
+    for (label, pts), color in zip(doc["timeline"].items(), COLORS, strict=False):
+        ok = [p for p in pts if "error" not in p]
+        ts = [p["t_s"] for p in ok]
+        temps = [float("nan") if p["temp_c"] is None else p["temp_c"] for p in ok]
+        any_temp = any_temp or any(p["temp_c"] is not None for p in ok)
+        ax_t.plot(ts, temps, "-", color=color, label=f"{label} temperature")
+        limits = {p.get("limit_c") for p in ok if p.get("limit_c") is not None}
+        if any_temp and limits:
+            ax_t.axhline(max(limits), color=color, linestyle="--", alpha=0.7,
+                         label=f"{label} thermal limit {max(limits):.0f} °C")
+        budget = [float("nan") if p.get("budget") is None else p["budget"] for p in ok]
+        ax_b.plot(ts, budget, "-", color=color, label=f"{label} scheduler budget")
+        duty = [_effective_threads(p) for p in ok]
+        ax_b.plot(ts, duty, "--", color=color, alpha=0.6, label=f"{label} threads x duty / max")
+    if not any_temp:
+        modes = sorted({str(p.get("mode")) for pts in doc["timeline"].values()
+                        for p in pts if "error" not in p})
+        ax_t.text(0.5, 0.5, f"no temperature reading (thermal mode: {', '.join(modes)})",
+                  transform=ax_t.transAxes, ha="center", va="center", color="gray")
+        ax_t.set_yticks([])
+    sampled = [s for s in doc["steps"] if s["target"] in doc["timeline"]]
+    for n, s in enumerate(sampled):
+        for ax in (ax_t, ax_b):
+            ax.axvspan(s["started_s"], s["ended_s"], color="gray", alpha=0.07 if n % 2 else 0.15)
+        name = f"C={s['concurrency']}" if len(doc["timeline"]) == 1 else f"{s['target']} C={s['concurrency']}"
+        ax_b.text((s["started_s"] + s["ended_s"]) / 2, 1.02, name, ha="center", va="bottom", fontsize=7,
+                  color="dimgray")
+    ax_t.set_ylabel("temperature (°C)")
+    ax_t.set_title("Device temperature (edge /v1/status, 1 Hz)")
+    ax_b.set_ylabel("level (1 = full speed)")
+    ax_b.set_ylim(-0.05, 1.12)
+    ax_b.set_title("Throttle level: the scheduler's budget and the applied threads x duty")
+    other = " (unshaded gaps: other targets' steps)" if len(doc["targets"]) > len(doc["timeline"]) else ""
+    ax_b.set_xlabel(f"time since the run started (s); shaded: one concurrency step each{other}")
+    for ax in (ax_t, ax_b):
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"Thermal timeline ({_subtitle(doc)})")
+    return _save(fig, path)
+
+
+def _effective_threads(p: dict[str, Any]) -> float:
+    """threads x duty relative to the most threads seen in the point's knobs (a 0-1 level)."""
+    k = p.get("knobs") or {}
+    n, duty = k.get("n_threads"), k.get("duty")
+    if n is None or duty is None:
+        return float("nan")
+    if k.get("paused"):
+        return 0.0
+    top = p.get("_max_threads") or n
+    return min(1.0, n * duty / top)
+
+
+def _subtitle(doc: dict[str, Any]) -> str:
+    """Model and workload in one short line (servers name models by path, alias or file stem)."""
+    s = doc["settings"]
+    names = {Path(t["model_id"]).name.removesuffix(".gguf") for t in doc["targets"]}
+    model = ", ".join(sorted(names))
+    if len(model) > 48:
+        model = model[:45] + "..."
+    return f"{model}; prompts {s['prompt_lengths']}, max_tokens {s['max_tokens']}"
+
+
+def draw_all(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Every plot the document supports, as {name: path}."""
+    out = {"throughput": throughput(doc, out_dir / "throughput.png"),
+           "latency": latency(doc, out_dir / "latency.png")}
+    if has_timeline(doc):
+        out["thermal"] = thermal(_with_max_threads(doc), out_dir / "thermal.png")
+    return out
+
+
+def _with_max_threads(doc: dict[str, Any]) -> dict[str, Any]:
+    """Annotate timeline points with the target's largest thread count (the 1.0 of the level)."""
+    timeline = {}
+    for label, pts in doc["timeline"].items():
+        top = max((p.get("knobs", {}).get("n_threads") or 0 for p in pts if "error" not in p), default=0)
+        timeline[label] = [{**p, "_max_threads": top or None} for p in pts]
+    return {**doc, "timeline": timeline}
