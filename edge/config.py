@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="Largest request body accepted.")
     cors_origins: list[str] = Field(default_factory=list, description="CORS origins (empty: off).")
     log_prompts: bool = Field(False, description="Log prompts and outputs (debug only).")
+    sse_ping_s: float = Field(
+        15.0, ge=0, le=3600, description="SSE keep-alive comment interval while a stream is silent "
+        "(waiting for a slot or a long prompt); 0 disables."
+    )
     drain_timeout_s: float = Field(
         30.0, ge=0, le=3600, description="Time running requests get to finish on SIGTERM."
     )

@@ -1,8 +1,11 @@
 """OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
 
-Streaming uses OpenAI's exact SSE framing (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`).
-A client disconnect cancels the engine request at once, streaming or not, so
-its slot is free at the next engine step.
+Streaming uses OpenAI's exact SSE framing (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`),
+sent through sse-starlette's `EventSourceResponse` for its keep-alive pings (a
+request waiting for a slot or a long prompt writes nothing for a while; proxies
+and clients must not time it out) and its disconnect listener. A client
+disconnect cancels the engine request at once, streaming or not, so its slot is
+free at the next engine step.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
 
 from edge import __version__
 from edge.api.errors import to_http
@@ -67,50 +71,32 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
-class DisconnectAwareStream(StreamingResponse):
-    """Streams while listening for `http.disconnect`; on disconnect it calls `on_disconnect`.
-
-    Starlette skips the listener for ASGI spec 2.4 servers and only notices a
-    gone client on the next write; a request still waiting for a slot writes
-    nothing, so we always listen.
-    """
+class DisconnectAwareStream(EventSourceResponse):
+    """sse-starlette's stream (pings, a disconnect listener that runs even while a request waits
+    for a slot and writes nothing); a disconnect calls `on_disconnect`, and `on_close` always
+    runs, also when the body generator never started (client gone at once)."""
 
     def __init__(
         self,
         content: AsyncIterator[bytes],
         on_disconnect: Callable[[], None],
         on_close: Callable[[], Awaitable[None]],
+        ping_s: float,
     ) -> None:
-        super().__init__(
-            content,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-        self.on_disconnect = on_disconnect
+        async def gone(_message: Any) -> None:
+            on_disconnect()
+
+        super().__init__(content, sep="\n", ping=ping_s, client_close_handler_callable=gone,
+                         headers={"Cache-Control": "no-cache"})
         self.on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await self._run(receive, send)
-        finally:  # also when the body generator never started (client gone at once)
+            with contextlib.suppress(OSError):  # the peer went away mid-write
+                await super().__call__(scope, receive, send)
+        finally:
             with anyio.CancelScope(shield=True):
                 await self.on_close()
-
-    async def _run(self, receive: Any, send: Any) -> None:
-        async with anyio.create_task_group() as tg:
-
-            async def stream() -> None:
-                with contextlib.suppress(OSError):
-                    await self.stream_response(send)
-                tg.cancel_scope.cancel()
-
-            async def listen() -> None:
-                await self.listen_for_disconnect(receive)
-                self.on_disconnect()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(stream)
-            await listen()
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -137,7 +123,8 @@ async def _respond(
             finally:
                 await gen.__aexit__(None, None, None)
 
-        return DisconnectAwareStream(body(), gen.cancel, partial(gen.__aexit__, None, None, None))
+        return DisconnectAwareStream(body(), gen.cancel, partial(gen.__aexit__, None, None, None),
+                                     gen.st.settings.sse_ping_s)
     async with gen:
         work = asyncio.ensure_future(_drain_events(gen))
         watch = asyncio.ensure_future(_wait_disconnect(request))
