@@ -48,6 +48,13 @@ def summarize(s: dict[str, Any]) -> str:
             f"scheduler {decision.get('mode', '?')}: {decision.get('reason', '')} "
             f"(temp {sched.get('temp_c')} °C)"
         )
+        cpu = sched.get("cpu_contention") or {}
+        if cpu.get("known"):
+            taken = f"{cpu.get('other_cores')} of {cpu.get('cores')} cores taken by other processes"
+        else:
+            taken = "unknown (no CPU accounting readable yet)"
+        cap = sched.get("threads_cap")
+        lines.append(f"cpu       {taken}; decode threads {'capped at ' + str(cap) if cap else 'not capped'}")
     return "\n".join(lines)
 
 

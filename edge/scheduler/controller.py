@@ -4,7 +4,8 @@ No I/O and no clock reads: time comes in the reading, history in the state.
 Each stage is pure and takes and returns small frozen records:
 
     frame ─► thermal_verdict (thermal.py) ─┐
-    memory_verdict (memory.py) ────────────┼─► shape_knobs ─► admission_flags ─► Decision, ControllerState
+    memory_verdict (memory.py) ────────────┤
+    threads_for_contention (contention.py) ┼─► shape_knobs ─► admission_flags ─► Decision, ControllerState
     queue, engine stats ───────────────────┘
 The control law (design/thermal.md, after Linux's power_allocator governor and
 Android's thermal headroom forecast):
@@ -68,6 +69,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edge.runtime.types import EngineStats, Knobs
+from edge.scheduler.contention import ThreadsVerdict, threads_for_contention
 from edge.scheduler.memory import MemoryVerdict, memory_verdict
 from edge.scheduler.policy import interactive_first
 from edge.scheduler.state import (
@@ -112,11 +114,11 @@ class Admit:
     background_retry_s: float
 
 
-def shape_knobs(th: Thermal, mem: MemoryVerdict, queue: QueueState, stats: EngineStats | None,
-                fr: Frame, cfg: ControllerConfig) -> Shaped:
+def shape_knobs(th: Thermal, mem: MemoryVerdict, threads: ThreadsVerdict, queue: QueueState,
+                stats: EngineStats | None, fr: Frame, cfg: ControllerConfig) -> Shaped:
     """Interactive first: park background while a chat waits for its first token; hold background
     to the level's efficient batch; background alone is the workload; nothing new under memory
-    pressure."""
+    pressure; no more decode threads than free cores."""
     level = fr.ladder[th.level]
     knobs, reason, tags = level.knobs, "", ()
     n_interactive = queue.running_interactive + queue.waiting_interactive
@@ -141,6 +143,11 @@ def shape_knobs(th: Thermal, mem: MemoryVerdict, queue: QueueState, stats: Engin
         knobs = replace(knobs, admit_background=True)  # background alone is the workload
     if mem.mode is not MemoryMode.OK and knobs.admit_background:
         knobs = replace(knobs, admit_background=False)
+    if threads.cap is not None and knobs.n_threads > threads.cap:
+        knobs = replace(knobs, n_threads=threads.cap, off_threads=min(knobs.off_threads, threads.cap - 1))
+        tags = (*tags, "contention:threads")
+    if threads.reason:
+        reason = f"{reason}; {threads.reason}" if reason else threads.reason
     return Shaped(knobs, reason, tags)
 
 
@@ -172,7 +179,8 @@ def decide(
     fr = frame(inp, stats, state, cfg)
     th = thermal_verdict(inp, state, cfg, fr)
     mem = memory_verdict(inp, state, cfg)
-    shaped = shape_knobs(th, mem, queue, stats, fr, cfg)
+    threads = threads_for_contention(inp, state, cfg)
+    shaped = shape_knobs(th, mem, threads, queue, stats, fr, cfg)
     admit = admission_flags(th, mem, shaped.knobs, inp, fr, cfg)
 
     reason, tags = th.reason, list(th.tags)
@@ -199,6 +207,8 @@ def decide(
         mem_prev=None if inp.mem_available_bytes is None else (now, inp.mem_available_bytes),
         evicted=mem.evict,
         learned_s=th.learned_s,
+        threads_cap=threads.cap,
+        threads_pending_s=threads.pending_s,
     )
     decision = Decision(
         knobs=shaped.knobs,
@@ -218,5 +228,7 @@ def decide(
         cooldown_s=admit.cooldown_s,
         background_retry_s=admit.background_retry_s,
         throttle_reasons=tuple(tags),
+        threads_cap=threads.cap,
+        cpu_other_cores=inp.cpu_other_cores,
     )
     return decision, new_state

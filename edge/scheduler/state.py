@@ -59,6 +59,11 @@ class ControlInput:
     memory_pressure: PressureLevel | None = None
     # the source has no thermal sensor and no OS thermal signal at all (static, not a failure)
     thermal_sensor_absent: bool = False
+    cpu_cores: int | None = None  # cores edge may run on
+    cpu_other_cores: float | None = None  # CPU time other processes take on them, in cores
+    cpu_steal_cores: float | None = None  # (shown in the status only)
+    cpu_throttled_pct: float | None = None
+    psi_cpu_some_avg10: float | None = None
 
     @classmethod
     def from_reading(cls, reading: Any) -> ControlInput:
@@ -92,6 +97,11 @@ class ControlInput:
             psi_full_avg10=pick("psi_full_avg10"),
             memory_pressure=pick("memory_pressure"),
             thermal_sensor_absent=getattr(sensing, "value", sensing) == "absent",
+            cpu_cores=pick("cpu_cores"),
+            cpu_other_cores=pick("cpu_other_cores"),
+            cpu_steal_cores=pick("cpu_steal_cores"),
+            cpu_throttled_pct=pick("cpu_throttled_pct"),
+            psi_cpu_some_avg10=pick("psi_cpu_some_avg10"),
         )
 
 
@@ -158,6 +168,9 @@ class ControllerConfig:
     psi_full_shed_pct: float = 2.0  # background is shed above this PSI full avg10
     memory_release_factor: float = 0.5  # leave TIGHT/SHED below threshold * factor
     footprint_bytes: int = 0  # memory a reload takes back (the memory plan's total less its reserve)
+    # CPU contention: decode threads = cores actually free (other processes' use rounded, at least 1)
+    contention_down_s: float = 2.0  # fewer threads once a neighbour has taken a core this long ...
+    contention_up_s: float = 5.0  # ... and back up once the cores have been free this long
 
     @property
     def k_pu(self) -> float:
@@ -207,6 +220,8 @@ class ControllerState:
     mem_prev: tuple[float, int] | None = None  # (t_s, MemAvailable) of the last reading
     learned_s: float = 0.0  # seconds the sustainable load has been learned near target (0 after a guard)
     evicted: bool = False  # memory emergency: all work shed, model unloaded until memory is back
+    threads_cap: int | None = None  # decode threads the CPU contention allows (None: no cap)
+    threads_pending_s: float | None = None  # since when contention has called for another cap
 
 
 @dataclass(frozen=True)
@@ -230,6 +245,8 @@ class Decision:
     background_retry_s: float = 0.0  # estimated time until background admission reopens (0: open)
     throttle_reasons: tuple[str, ...] = field(default_factory=tuple)
     evict: bool = False  # memory emergency: shed every request (interactive too) and unload the model
+    threads_cap: int | None = None  # decode threads CPU contention allows (None: no cap)
+    cpu_other_cores: float | None = None  # what the cap was decided on (None: unknown)
 
     def as_dict(self) -> dict[str, Any]:
         k = self.knobs
@@ -248,6 +265,8 @@ class Decision:
             "evict": self.evict,
             "unload": self.unload,
             "cooldown_s": round(self.cooldown_s, 1),
+            "threads_cap": self.threads_cap,
+            "cpu_other_cores": self.cpu_other_cores,
             "background_retry_s": round(self.background_retry_s, 1),
             "knobs": {
                 "active_limit": k.active_limit,

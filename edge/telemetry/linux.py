@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge.clock import Clock, SystemClock
+from edge.telemetry.cpu import LinuxCpuReader
 from edge.telemetry.linux_memory import (
     CgroupMemory,
     combine_psi,
@@ -258,6 +259,7 @@ class LinuxSource:
         clock: Clock | None = None,
         reader: Reader = read_file,
         static_refresh_s: float = 60.0,
+        cpu_reader: LinuxCpuReader | None = None,
     ) -> None:
         self.sysfs_root = sysfs_root
         self.procfs_root = procfs_root
@@ -267,6 +269,7 @@ class LinuxSource:
         self._static: dict[Path, str | None] = {}
         self._static_t_s: float | None = None
         self._cap_baseline_khz: dict[int, int] = {}
+        self.cpu = cpu_reader or LinuxCpuReader(procfs_root, sysfs_root)
 
     def new_log(self, now_s: float) -> ReadLog:
         """A ReadLog sharing the static-file cache, emptied every `static_refresh_s`."""
@@ -279,7 +282,9 @@ class LinuxSource:
         t_s = self.clock.monotonic()
         log = self.new_log(t_s)
         fields: dict[str, object] = {}
-        for group, fn in (("thermal", self._thermal), ("cpufreq", self._throttle), ("memory", self._memory)):
+        groups = (("thermal", self._thermal), ("cpufreq", self._throttle), ("memory", self._memory),
+                  ("cpu", lambda lg: self.cpu.read(t_s, lg)))
+        for group, fn in groups:
             try:
                 fields.update(fn(log))
             except Exception as exc:  # a bug or odd tree in one group must not hide the others

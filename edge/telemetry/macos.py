@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from edge.clock import Clock, SystemClock
+from edge.telemetry.cpu import PsutilCpuReader
 from edge.telemetry.sample import PressureLevel, Sample
 
 THERMAL_PRESSURE_KEY = b"com.apple.system.thermalpressurelevel"
@@ -92,8 +93,10 @@ class MacOSSource:
         native: NativeLayer | None = None,
         clock: Clock | None = None,
         virtual_memory: Callable[[], Any] = _psutil_memory,
+        cpu: PsutilCpuReader | None = None,
     ) -> None:
         self._native = native
+        self.cpu = cpu or PsutilCpuReader()
         self.clock = clock or SystemClock()
         self.virtual_memory = virtual_memory
         self._native_error: str | None = None
@@ -137,6 +140,11 @@ class MacOSSource:
             total, available = int(mem.total), int(mem.available)
         except Exception as exc:  # psutil raises its own types on odd systems
             errors.append(f"memory: {type(exc).__name__}: {exc}")
+        cpu: dict[str, Any] = {}
+        try:
+            cpu = self.cpu.read(t_s)
+        except Exception as exc:
+            errors.append(f"cpu: {type(exc).__name__}: {exc}")
         return Sample(
             t_s=t_s,
             source=self.name,
@@ -145,6 +153,7 @@ class MacOSSource:
             mem_total_bytes=total,
             mem_available_bytes=available,
             errors=tuple(errors),
+            **cpu,
         )
 
     def close(self) -> None:

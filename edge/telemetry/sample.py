@@ -65,6 +65,12 @@ class Sample:
     psi_some_avg10: float | None = None  # percent
     psi_full_avg10: float | None = None
     memory_pressure: PressureLevel | None = None  # OS-level (macOS) or derived from PSI
+    # --- CPU contention (telemetry/cpu.py): what other processes take from edge's cores ---
+    cpu_cores: int | None = None  # cores this process may run on
+    cpu_other_cores: float | None = None  # CPU time others took on them, in cores (steal included)
+    cpu_steal_cores: float | None = None  # of which a hypervisor gave to other guests
+    cpu_throttled_pct: float | None = None  # cgroup: share of time throttled by its CPU quota
+    psi_cpu_some_avg10: float | None = None  # percent of time some task waited for a CPU
     # --- extra ---
     gpu_load_pct: float | None = None
     rails: tuple[PowerRail, ...] = ()  # power_w is the total (VDD_IN) when a rail says so
