@@ -36,7 +36,7 @@ FAST_INTERVAL_S = 0.5  # poll period while limiting, paused or guarding
 class MonitorLike(Protocol):
     def poll(self, now_s: float) -> Any: ...
 
-    def latest(self) -> Any: ...
+    def latest(self, now_s: float | None = None) -> Any: ...
 
 
 class ControlledEngine(Protocol):
@@ -73,8 +73,10 @@ class SchedulerLoop:
         config: ControllerConfig | None = None,
         admission: Admission | None = None,
         wait: Callable[[threading.Event, float], object] | None = None,
+        logger: logging.Logger = log,
     ) -> None:
         self.monitor = monitor
+        self.log = logger  # `edge sim` passes a quieter one: it makes thousands of decisions a second
         self.engine = engine
         self.clock = clock or SystemClock()
         self.config = config or ControllerConfig()
@@ -98,9 +100,9 @@ class SchedulerLoop:
             return ControlInput(t_s=now_s, stale=True)
         try:
             self.monitor.poll(now_s)
-            reading = self.monitor.latest()
+            reading = self.monitor.latest(now_s)  # the loop's time, not whatever clock the monitor has
         except Exception as exc:  # a broken sensor stack must not stop scheduling
-            log.warning("telemetry failed: %s", exc)
+            self.log.warning("telemetry failed: %s", exc)
             self.errors += 1
             return ControlInput(t_s=now_s, stale=True)
         if reading is None:
@@ -112,7 +114,7 @@ class SchedulerLoop:
         try:
             return self.engine.stats()
         except Exception as exc:
-            log.warning("engine stats failed: %s", exc)
+            self.log.warning("engine stats failed: %s", exc)
             self.errors += 1
             return None
 
@@ -139,15 +141,15 @@ class SchedulerLoop:
                 self.engine.apply(decision.knobs)
                 self.knob_changes += 1
             except Exception as exc:
-                log.error("engine.apply failed: %s", exc)
+                self.log.error("engine.apply failed: %s", exc)
                 self.errors += 1
         if prev is None or decision.mode != prev.mode or decision.knobs != prev.knobs \
                 or decision.memory != prev.memory:
-            log.info("scheduler %s/%s: %s", decision.mode.value, decision.memory.value, decision.reason)
+            self.log.info("scheduler %s/%s: %s", decision.mode.value, decision.memory.value, decision.reason)
         if decision.mode is ThermalMode.UNAVAILABLE and not self._warned_unavailable:
             self._warned_unavailable = True
             source = getattr(getattr(self.monitor, "source", None), "name", "source")
-            log.warning(
+            self.log.warning(
                 "thermal control UNAVAILABLE: telemetry %s exposes no thermal sensor and no OS thermal "
                 "signal, so edge cannot see heat and will not throttle for it (the memory guard still "
                 "works). To use thermal control, run where /sys/class/thermal or hwmon sensors are "
@@ -159,7 +161,7 @@ class SchedulerLoop:
                 self.throttle_events[tag] += 1
         if self.admission is not None:  # shed first: an engine with work refuses to unload
             for ticket in self.admission.update(decision, inp.mem_available_bytes):
-                log.warning("shed %s ticket %d: %s", ticket.priority.name.lower(), ticket.ticket_id,
+                self.log.warning("shed %s ticket %d: %s", ticket.priority.name.lower(), ticket.ticket_id,
                             decision.reason)
         if decision.unload:
             self._unload(decision)
@@ -175,9 +177,9 @@ class SchedulerLoop:
         try:
             if self.engine.unload():  # False when the engine has work: decided again next tick
                 self.evictions += 1
-                log.warning("model unloaded to give memory back: %s", decision.reason)
+                self.log.warning("model unloaded to give memory back: %s", decision.reason)
         except Exception as exc:
-            log.error("engine.unload failed: %s", exc)
+            self.log.error("engine.unload failed: %s", exc)
             self.errors += 1
 
     def interval_s(self) -> float:
@@ -190,7 +192,7 @@ class SchedulerLoop:
             try:
                 self.tick()
             except Exception:
-                log.exception("scheduler tick failed")
+                self.log.exception("scheduler tick failed")
                 self.errors += 1
             self._wait(stop_event, self.interval_s())
 
@@ -214,6 +216,8 @@ class SchedulerLoop:
             # learning time near target; under a minute, T_set sits up to learning_margin_c lower
             "u_sus_learned_s": round(self.state.learned_s, 1),
             "temp_c": None if r is None else r.temp_c,
+            "cpu_contention": self._contention(r),
+            "threads_cap": self.state.threads_cap,
             "slope_c_per_s": None if r is None else r.slope_c_per_s,
             "telemetry_stale": None if r is None else r.stale,
             "throttle_events": dict(self.throttle_events),
@@ -222,6 +226,18 @@ class SchedulerLoop:
             "errors": self.errors,
             "evictions": self.evictions,
             "sim_device": self._sim_status(),
+        }
+
+    def _contention(self, r: ControlInput | None) -> dict[str, Any]:
+        """What other processes take from edge's cores; `known` False is unknown, never "none"."""
+        known = r is not None and r.cpu_other_cores is not None and r.cpu_cores is not None
+        return {
+            "known": known,
+            "cores": None if r is None else r.cpu_cores,
+            "other_cores": None if r is None else r.cpu_other_cores,
+            "steal_cores": None if r is None else r.cpu_steal_cores,
+            "throttled_pct": None if r is None else r.cpu_throttled_pct,
+            "psi_cpu_some_avg10": None if r is None else r.psi_cpu_some_avg10,
         }
 
     def _sim_status(self) -> dict[str, Any] | None:

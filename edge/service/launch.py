@@ -145,6 +145,7 @@ def build_scheduler(
     scale = 1.0
     if source_factory is not None:
         source = source_factory(settings)
+        clock = base_clock
     elif spec.startswith("sim:"):
         from edge.telemetry.simulated import ScaledClock, make_source, parse_sim_spec
 

@@ -10,6 +10,7 @@ are committed when first written), which is what a memory hog competes with.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edge.runtime.types import EngineState, EngineStats, Knobs, Priority
@@ -49,7 +50,9 @@ class SimEngine:
     def apply(self, knobs: Knobs) -> None:
         self.knobs = knobs
 
-    def submit(self, req: SimRequest) -> None:
+    def submit(self, req: SimRequest, on_start: Callable[[], None] | None = None) -> None:
+        """Queue a request; `on_start` is called when it takes a slot (as the real engine does)."""
+        req.on_start = on_start
         self.waiting.append(req)
 
     def cancel(self, req: SimRequest) -> bool:
@@ -75,7 +78,11 @@ class SimEngine:
             return 0
         return self.model_bytes + self.kv_bytes_per_cell * self.kv_cells_total
 
-    def unload(self) -> bool:
+    @property
+    def state(self) -> EngineState:
+        return self.stats().state
+
+    def unload(self, timeout_s: float | None = None) -> bool:
         """Free weights and KV; refused (False) while requests are queued or running."""
         if self.waiting or self.slots or not self.up:
             return False
@@ -133,6 +140,8 @@ class SimEngine:
                 continue
             self.waiting.remove(req)
             self.slots.append(req)
+            if req.on_start is not None:
+                req.on_start()
         active = [] if k.paused else self._active()
         self.active_now = len(active)
         # compute time this step: `duty` of it at n_threads, the rest idle or at off_threads

@@ -1,17 +1,22 @@
 """Run scenarios x policies on the simulated device in simulated time, deterministically.
 
 One run: clients send requests through `Admission` into the modelled engine;
-every second the policy reads telemetry (smoothed, with a little seeded sensor
-noise) and sets the knobs; the engine's load heats the RC device; the device's
-hardware throttle slows the engine; a memory hog can push the engine into the
-OOM killer (the engine holds its weights and whole KV cache while loaded, as
-llama.cpp does, so only unloading gives memory back). Metrics count what users
-and the device experienced.
+the engine's load heats the RC device; the device's hardware throttle slows the
+engine; a memory hog can push the engine into the OOM killer (the engine holds
+its weights and whole KV cache while loaded, as llama.cpp does, so only
+unloading gives memory back). Metrics count what users and the device experienced.
+
+The `edge` policy is the production control path, not a copy of it: the shipped
+telemetry `Monitor` reads the device (with a little seeded sensor noise) and the
+shipped `SchedulerLoop` ticks on a manual clock at the periods it asks for,
+deciding, turning the engine's knobs, feeding admission and evicting, with the
+`ControllerConfig` that `edge serve` builds for the same device facts.
 """
 
 from __future__ import annotations
 
 import heapq
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,17 +26,20 @@ from edge.config import DeviceProfile, load_profile
 from edge.errors import EdgeError
 from edge.runtime.types import Knobs, Priority
 from edge.scheduler.admission import Admission, Ticket
-from edge.scheduler.state import ControllerConfig, ThermalMode
+from edge.scheduler.loop import SchedulerLoop
+from edge.scheduler.state import ControllerConfig, config_for_device
 from edge.sim.engine import SimEngine
 from edge.sim.metrics import RunMetrics, weighted_percentile
-from edge.sim.policies import ConstantPolicy, EdgePolicy, Policy, ThresholdPolicy, Trend
+from edge.sim.policies import ConstantPolicy, Policy, ThresholdPolicy
 from edge.sim.throughput import ThroughputModel
 from edge.sim.workloads import WORKLOADS, Client, SimRequest
-from edge.telemetry.simulated import SimulatedDevice
+from edge.telemetry.monitor import Monitor
+from edge.telemetry.simulated import SimulatedDevice, SimulatedSource
 
+SIM_LOG = logging.getLogger("edge.sim.scheduler")  # every decision change is logged at INFO:
+SIM_LOG.setLevel(logging.WARNING)  # in simulated time that is thousands a second, so warnings only
 DT_S = 0.25
-CONTROL_PERIOD_S = 1.0  # as the production loop: 1 s when nominal, 0.5 s otherwise
-FAST_CONTROL_PERIOD_S = 0.5
+BASELINE_CONTROL_PERIOD_S = 1.0  # the baseline policies look once a second; edge's loop says itself
 N_SLOTS = 8
 MAX_QUEUE = 64
 SENSOR_NOISE_C = 0.15
@@ -72,8 +80,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 )}
 
 
-def make_policy(name: str, profile: DeviceProfile, tp: ThroughputModel,
-                config: ControllerConfig | None = None, knobs: Knobs | None = None) -> Policy:
+def make_policy(name: str, profile: DeviceProfile, tp: ThroughputModel, knobs: Knobs | None = None) -> Policy:
+    """A baseline policy (`edge` is the production loop, see `control_loop`)."""
     full = Knobs(N_SLOTS, tp.max_threads, 1.0)
     if name == "none":
         return ConstantPolicy(full, "none")
@@ -81,43 +89,55 @@ def make_policy(name: str, profile: DeviceProfile, tp: ThroughputModel,
         return ConstantPolicy(knobs or full, "constant")
     if name == "threshold":
         return ThresholdPolicy(full, pause_c=profile.thermal_limit_c - 8.0, cooldown_s=30.0)
-    if name == "edge":
-        return EdgePolicy(config or controller_config(profile, tp))
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
 
 
 def controller_config(profile: DeviceProfile, tp: ThroughputModel) -> ControllerConfig:
-    """Production defaults; only the device facts (slots, threads, limit, reserve) vary."""
-    return ControllerConfig(n_slots=N_SLOTS, max_threads=tp.max_threads, limit_c=profile.thermal_limit_c,
-                            reserve_bytes=profile.memory_reserve_bytes,
-                            decode_tps=tp.decode_table(N_SLOTS),
-                            footprint_bytes=MODEL_BYTES + KV_BYTES_PER_CELL * KV_CELLS_TOTAL)
+    """What `edge serve` builds for this device (`config_for_device`): N_SLOTS slots, the
+    throughput model's threads and decode table, the modelled footprint."""
+    return config_for_device(N_SLOTS, tp.max_threads, profile, decode_tps=tp.decode_table(N_SLOTS),
+                             footprint_bytes=MODEL_BYTES + KV_BYTES_PER_CELL * KV_CELLS_TOTAL)
+
+
+def control_loop(source: SimulatedSource, engine: SimEngine, clock: ManualClock, profile: DeviceProfile,
+                 config: ControllerConfig, admission: Admission) -> SchedulerLoop:
+    """The production control path on a manual clock: the shipped Monitor and SchedulerLoop."""
+    monitor = Monitor(source, clock=clock, profile=profile)
+    return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, logger=SIM_LOG)
 
 
 class _Run:
     """State of one simulated run (kept in one object so the step loop stays readable)."""
 
-    def __init__(self, scenario: Scenario, policy: Policy, profile: DeviceProfile, tp: ThroughputModel,
-                 duration_s: float, seed: int, workload: str) -> None:
-        self.sc, self.policy, self.profile, self.duration_s = scenario, policy, profile, duration_s
+    def __init__(self, scenario: Scenario, policy: str, profile: DeviceProfile, tp: ThroughputModel,
+                 duration_s: float, seed: int, workload: str, knobs: Knobs | None = None,
+                 config: ControllerConfig | None = None) -> None:
+        self.sc, self.profile, self.duration_s = scenario, profile, duration_s
         self.rng = random.Random(seed)
-        self.noise = random.Random(seed + 1)
         self.clock = ManualClock()
         self.device = SimulatedDevice(profile, tp, order=2)
         if scenario.ambient_c is not None:
             self.device.ambient_c = self.device.die_c = self.device.sink_c = scenario.ambient_c
         self.engine = SimEngine(tp, N_SLOTS, Knobs(N_SLOTS, tp.max_threads, 1.0), MODEL_BYTES,
                                 KV_BYTES_PER_CELL, KV_CELLS_TOTAL)
-        guarded = isinstance(policy, EdgePolicy)
+        guarded = policy == "edge"
         self.admission = Admission(
-            MAX_QUEUE, stats_provider=self.engine.stats if guarded else None, clock=self.clock,
-            reserve_bytes=profile.memory_reserve_bytes if guarded else 0)
+            MAX_QUEUE, stats_provider=self.engine.stats if guarded else None, n_slots=N_SLOTS,
+            scheduled=guarded, clock=self.clock, reserve_bytes=profile.memory_reserve_bytes if guarded else 0)
+        self.loop: SchedulerLoop | None = None
+        self.policy: Policy | None = None
+        if guarded:
+            source = SimulatedSource(self.device, clock=self.clock, steps_device=False,
+                                     noise_c=SENSOR_NOISE_C, seed=seed + 1)
+            self.loop = control_loop(source, self.engine, self.clock, profile,
+                                     config or controller_config(profile, tp), self.admission)
+        else:
+            self.policy = make_policy(policy, profile, tp, knobs)
         self.clients: list[Client] = WORKLOADS[workload]()
         self.retries: list[tuple[float, int, SimRequest]] = []
         self.tickets: dict[int, Ticket] = {}
-        self.trend = Trend()
         self.next_rid = 0
-        self.m = RunMetrics(scenario.name, policy.name, profile.name, duration_s)
+        self.m = RunMetrics(scenario.name, policy, profile.name, duration_s)
         self.latencies: list[tuple[float, int]] = []
         self.ttfts: list[tuple[float, int]] = []
 
@@ -138,7 +158,7 @@ class _Run:
         self.tickets[req.rid] = ticket
         req.ticket = ticket
         req.prefilled = req.generated = 0.0
-        self.engine.submit(req)
+        self.engine.submit(req, on_start=ticket.start)  # as the real engine: started when it takes a slot
 
     def _retry(self, req: SimRequest, due_s: float) -> None:
         heapq.heappush(self.retries, (due_s, req.rid, req))
@@ -189,17 +209,15 @@ class _Run:
             else:
                 dev.set_memory_hog(0)
 
-    def _control(self, t: float) -> None:
+    def _control(self, t: float) -> float:
+        """One control step; returns when the next one is due."""
+        if self.loop is not None:
+            self.loop.tick(t)  # monitor poll, decide, knobs, admission (shedding first), eviction
+            return t + self.loop.interval_s()
+        assert self.policy is not None
         sample = self.device.sample(t)
-        assert sample.temp_c is not None
-        self.trend.update(t, sample.temp_c + self.noise.gauss(0.0, SENSOR_NOISE_C))
-        knobs = self.policy.control(sample, self.trend, self.admission.queue_state(), self.engine.stats())
-        self.engine.apply(knobs)
-        d = self.policy.decision
-        if d is not None:
-            self.admission.update(d, sample.mem_available_bytes)  # sheds (and cancels) first ...
-            if d.unload:
-                self.engine.unload()  # ... so an eviction finds the engine empty
+        self.engine.apply(self.policy.control(sample, self.admission.queue_state(), self.engine.stats()))
+        return t + BASELINE_CONTROL_PERIOD_S
 
     def run(self, stop_when_unsafe: bool = False) -> RunMetrics:
         """Step the whole scenario; `stop_when_unsafe` ends it at the first OOM or hardware throttle."""
@@ -213,15 +231,8 @@ class _Run:
             self._conditions(t)
             self._arrivals(t)
             if t >= next_control_s:
-                self._control(t)
-                d = self.policy.decision
-                fast = d is not None and d.mode is not ThermalMode.NOMINAL
-                next_control_s = t + (FAST_CONTROL_PERIOD_S if fast else CONTROL_PERIOD_S) - 1e-9
+                next_control_s = self._control(t) - 1e-9
             res = eng.step(t, DT_S, dev.clock_factor)
-            for req in eng.slots:
-                ticket = self.tickets.get(req.rid)
-                if ticket is not None and ticket.state.value == "waiting":
-                    ticket.start()
             for req in res.finished:
                 self._finish(req, t + DT_S)
             self.latencies.extend(res.latencies)
@@ -252,8 +263,8 @@ class _Run:
         m.unanswered_at_end = len(eng.waiting) + len(eng.slots) + len(self.retries)
         m.tokens += sum(int(r.generated) for r in eng.slots)  # streamed to users when the run stops
         m.extra["unloads"] = eng.unloads
-        if isinstance(self.policy, EdgePolicy):
-            m.extra["throttle_decisions"] = self.policy.state.mode.value
+        if self.loop is not None:
+            m.extra["throttle_decisions"] = self.loop.state.mode.value
         return m
 
 
@@ -263,8 +274,9 @@ def run_scenario(scenario: Scenario | str, policy: str, profile: str | DevicePro
                  workload: str | None = None) -> RunMetrics:
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    pol = make_policy(policy, prof, tp, config=config, knobs=knobs)
-    run = _Run(sc, pol, prof, tp, duration_s, seed, workload or sc.workload)
+    if policy not in (*POLICIES, "constant"):
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    run = _Run(sc, policy, prof, tp, duration_s, seed, workload or sc.workload, knobs, config)
     m = run.run(stop_when_unsafe=stop_when_unsafe)
     if sc.baseline_workload and workload is None and policy == "edge":
         base = run_scenario(sc, policy, prof, tp, duration_s, seed, config=config,

@@ -9,6 +9,7 @@ schedule regardless. All randomness comes from one seeded generator.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edge.runtime.types import Priority
@@ -30,6 +31,7 @@ class SimRequest:
     last_emit_s: float | None = None
     done: bool = False
     ticket: object | None = None
+    on_start: Callable[[], None] | None = None  # admission's ticket.start, called when it takes a slot
 
     @property
     def kv_cells(self) -> int:

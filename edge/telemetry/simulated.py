@@ -21,8 +21,9 @@ physics is deliberately simple and documented so results can be checked by hand:
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -249,7 +250,10 @@ class SimulatedSource:
     `time_scale` compresses time: with 30, one real second is 30 simulated
     seconds, so a server demo reaches the limit in seconds instead of minutes.
     `load_provider` (e.g. `engine.stats`) is read on every `read()` so the heat
-    follows the work the engine is really doing.
+    follows the work the engine is really doing. `edge sim` steps the physics
+    itself (`steps_device=False`) and adds seeded sensor noise (`noise_c`, the
+    standard deviation of a reading in C), so the shipped monitor smooths what a
+    real sensor would give it.
     """
 
     def __init__(
@@ -258,6 +262,10 @@ class SimulatedSource:
         clock: Clock | None = None,
         time_scale: float = 1.0,
         load_provider: LoadProvider | None = None,
+        *,
+        steps_device: bool = True,
+        noise_c: float = 0.0,
+        seed: int = 0,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
@@ -265,6 +273,9 @@ class SimulatedSource:
         self.clock = clock or SystemClock()
         self.time_scale = time_scale
         self.load_provider = load_provider
+        self.steps_device = steps_device
+        self.noise_c = noise_c
+        self._noise = random.Random(seed)
         self.name = f"sim:{device.profile.name}"
         self._last_s = self.clock.monotonic()
 
@@ -273,7 +284,8 @@ class SimulatedSource:
 
     def read(self) -> Sample:
         now_s = self.clock.monotonic()
-        self.device.step(max(0.0, now_s - self._last_s) * self.time_scale)
+        if self.steps_device:
+            self.device.step(max(0.0, now_s - self._last_s) * self.time_scale)
         self._last_s = now_s
         if self.load_provider is not None:
             got = self.load_provider()
@@ -281,7 +293,10 @@ class SimulatedSource:
                 got = load_from_stats(got)
             if got is not None:
                 self.device.set_load(got.active, got.threads, got.duty, got.off_threads)
-        return self.device.sample(now_s, self.name)
+        sample = self.device.sample(now_s, self.name)
+        if self.noise_c > 0 and sample.temp_c is not None:
+            sample = replace(sample, temp_c=sample.temp_c + self._noise.gauss(0.0, self.noise_c))
+        return sample
 
     def status(self) -> dict[str, float | int | str]:
         """What the simulated device went through, for /v1/status and /metrics (demos, e2e tests)."""

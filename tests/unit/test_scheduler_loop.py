@@ -13,8 +13,8 @@ from edge.runtime.types import EngineState, EngineStats, Knobs, Priority
 from edge.scheduler.admission import Admission
 from edge.scheduler.loop import FAST_INTERVAL_S, INTERVAL_S, SchedulerLoop
 from edge.scheduler.state import ControllerConfig, MemoryMode, ThermalMode
-from edge.sim.policies import Trend
 from edge.sim.throughput import ThroughputModel
+from edge.telemetry.monitor import Monitor
 from edge.telemetry.simulated import SimulatedDevice, SimulatedSource
 from tests.fakes import ScriptedEngine, engine_stats
 
@@ -47,7 +47,7 @@ class ScriptedMonitor:
         if callable(self.on_poll):
             self.on_poll(len(self.polls))
 
-    def latest(self) -> Reading:
+    def latest(self, now_s: float | None = None) -> Reading:
         r = self.readings[min(len(self.polls), len(self.readings)) - 1]
         return Reading(**{**r.__dict__, "t_s": self.polls[-1]})
 
@@ -91,7 +91,7 @@ def test_broken_or_missing_monitor_is_conservative() -> None:
         def poll(self, now_s: float) -> None:
             raise OSError("sensor gone")
 
-        def latest(self) -> None:  # pragma: no cover - never reached
+        def latest(self, now_s: float | None = None) -> None:  # pragma: no cover - never reached
             return None
 
     engine = _engine()
@@ -147,22 +147,6 @@ class SaturatedEngine:
         return engine_stats(active=active, waiting=4, waiting_interactive=4, knobs=k)
 
 
-class SmoothingMonitor:
-    """EMA + regression slope over a simulated source: what telemetry.monitor provides."""
-
-    def __init__(self, source: SimulatedSource) -> None:
-        self.source, self.trend, self.sample = source, Trend(), None
-
-    def poll(self, now_s: float) -> None:
-        self.sample = self.source.read()
-        self.trend.update(now_s, self.sample.temp_c)
-
-    def latest(self) -> Reading:
-        s = self.sample
-        return Reading(s.t_s, self.trend.temp_c, self.trend.slope_c_per_s, limit_c=s.limit_c,
-                       kernel_throttling=s.kernel_throttling, mem_available_bytes=s.mem_available_bytes)
-
-
 def test_closed_loop_keeps_a_hot_device_below_its_limit() -> None:
     """Production loop + simulated device under full demand at 40 C ambient for 20 simulated minutes."""
     tp = ThroughputModel({(1, 1): 40.0, (1, 8): 70.0, (2, 1): 70.0, (2, 8): 120.0}, {1: 300.0, 2: 550.0})
@@ -171,7 +155,8 @@ def test_closed_loop_keeps_a_hot_device_below_its_limit() -> None:
     dev = SimulatedDevice(load_profile("jetson-orin-nano"), tp, order=2)
     dev.ambient_c = dev.die_c = dev.sink_c = 40.0  # unmanaged full load would settle at 107.5 C
     src = SimulatedSource(dev, clock=clock, load_provider=engine.stats)
-    loop = SchedulerLoop(SmoothingMonitor(src), engine, clock, ControllerConfig(n_slots=8, max_threads=2))
+    monitor = Monitor(src, clock=clock, profile=dev.profile)  # the shipped monitor, as `edge serve` wires it
+    loop = SchedulerLoop(monitor, engine, clock, ControllerConfig(n_slots=8, max_threads=2))
     max_c, running_s = 0.0, 0.0
     for _ in range(1200):
         clock.advance(1.0)
@@ -205,18 +190,6 @@ def test_no_sensor_machine_is_unavailable_logged_once_and_visible(caplog) -> Non
     adm.admit(Priority.BACKGROUND, 10, 10)  # background is served, not left hanging
 
 
-class _IdleAdmission:
-    """Admission stand-in: nothing queued, last request finished at t = 0."""
-
-    def queue_state(self):
-        from edge.scheduler.state import QueueState
-
-        return QueueState(last_activity_s=0.0)
-
-    def update(self, decision, mem_available_bytes):
-        return []
-
-
 class _UnloadableEngine(ScriptedEngine):
     def __init__(self) -> None:
         super().__init__(n_slots=2, autostep=False)
@@ -228,17 +201,24 @@ class _UnloadableEngine(ScriptedEngine):
         return True
 
 
-def test_keep_alive_decision_unloads_the_engine_once() -> None:
+def test_scaled_scheduler_clock_never_unloads_for_idle_time() -> None:
+    """Keep-alive has one owner, the engine, on the engine's clock. The scheduler under
+    sim:PROFILE@SCALE runs on a compressed clock while admission stamps wall time; it used to
+    subtract one from the other and unload a 300 s keep-alive after ~10 wall seconds."""
+    from edge.config import Settings
+    from edge.service.launch import build_scheduler
+
+    wall = ManualClock(1000.0)
     engine = _UnloadableEngine()
     engine.start()
-    cfg = ControllerConfig(n_slots=2, max_threads=2, limit_c=99.0, keep_alive_s=300.0)
-    loop = SchedulerLoop(ScriptedMonitor([Reading(0, 40.0)]), engine, ManualClock(), cfg,
-                         admission=_IdleAdmission())  # type: ignore[arg-type]
-    assert not loop.tick(100.0).unload and engine.unload_calls == 0  # idle 100 s < 300 s
-    assert loop.tick(301.0).unload
-    assert engine.unload_calls == 1 and engine.state is EngineState.UNLOADED
-    loop.tick(302.0)  # already unloaded: not asked again
-    assert engine.unload_calls == 1 and loop.status()["unloads"] == 1
+    settings = Settings(telemetry="sim:raspberry-pi-5@30", keep_alive_s=300.0)
+    loop = build_scheduler(settings, engine, base_clock=wall)
+    loop.admission.admit(Priority.INTERACTIVE, 4, 4).release()  # activity at wall time 1000
+    for _ in range(60):  # one wall minute idle = 30 device minutes on the scheduler's clock
+        wall.advance(1.0)
+        assert not loop.tick().unload
+    assert engine.unload_calls == 0 and engine.state is EngineState.READY
+    assert loop.status()["evictions"] == 0
 
 
 def test_memory_emergency_sheds_everything_then_unloads() -> None:
