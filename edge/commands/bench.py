@@ -1,7 +1,8 @@
 """`edge bench engine` and `edge bench http`.
 
-`engine` measures the engine against a bare llama_decode loop in one run and prints
-the four ratios the project tracks (see `edge/runtime/bench.py`). Exit status 0
+`engine` measures the engine against a bare llama_decode loop (and llama.cpp's own
+llama-bench when built), each in its own process with the user's environment, and
+prints the ratios the project tracks (see `edge/runtime/bench.py`). Exit status 0
 whatever the figures: a benchmark reports, it does not judge.
 
 `http` load-tests an OpenAI-compatible server over loopback with a closed-loop
@@ -33,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--threads", type=int, default=2, help="decode threads (default 2)")
     e.add_argument("--tokens", type=int, default=128, help="tokens generated per stream (default 128)")
     e.add_argument("--rounds", type=int, default=2, help="alternating rounds; the best is kept (default 2)")
+    e.add_argument("--llama-bench", type=Path, default=None,
+                   help="llama.cpp's llama-bench binary for the prompt comparison "
+                        "(default .cache/llamacpp-tools/bin/llama-bench: scripts/build_llamacpp_tools.sh)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     add_settings_args(e)
     e.set_defaults(func=run)
@@ -45,12 +49,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge.runtime.bench import run_bench
+    from edge.runtime.bench import DEFAULT_LLAMA_BENCH, run_bench
     from edge.store import resolve_model
 
     settings = settings_from_args(args)
     path = resolve_model(args.model or settings.default_model, settings)
-    report = run_bench(path, n_threads=args.threads, n_tokens=args.tokens, rounds=args.rounds)
+    report = run_bench(path, n_threads=args.threads, n_tokens=args.tokens, rounds=args.rounds,
+                       llama_bench_path=args.llama_bench or DEFAULT_LLAMA_BENCH)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -137,7 +137,7 @@ class Engine:
         if self.residency.loaded:
             return
         try:
-            model, ctx = self.residency.open(self._knobs.n_threads)
+            model, ctx = self.residency.open(self._knobs.n_threads, warm=False)  # the engine thread warms
         except BaseException:
             self._box.set_state(EngineState.FAILED)
             raise
@@ -152,6 +152,7 @@ class Engine:
         self._box.set_state(EngineState.PAUSED if self._knobs.paused else EngineState.READY)
         self._thread = threading.Thread(target=self._loop.run, name="edge-engine", daemon=True)
         self._thread.start()
+        self._loop.ready.wait()
 
     def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Refuse new work; let running requests finish for up to `drain_timeout_s`; then fail

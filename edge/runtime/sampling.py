@@ -188,12 +188,6 @@ def build_sampler(p: SamplingParams, vocab: Any, n_vocab: int) -> Sampler:
     return ChainSampler(build_chain(p, vocab, n_vocab))
 
 
-def greedy_chain(n_vocab: int, banned: tuple[int, ...] = ()) -> SamplerPtr:
-    """Logit bias (ban `banned`) + greedy: what the benchmark's bare loop and engine both use."""
-    bias = {t: -math.inf for t in banned}
-    return build_chain(SamplingParams(temperature=0.0, logit_bias=bias), None, n_vocab)
-
-
 def json_schema_to_grammar(schema: dict[str, Any] | str | None) -> str:
     """GBNF for `response_format`: a JSON schema, or any JSON object when `schema` is None."""
     from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf

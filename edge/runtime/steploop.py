@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -67,6 +68,7 @@ class StepLoop:
         self._off_owed_s = 0.0  # off-duty stepping time owed (knobs.off_threads > 0, duty < 1)
         self._sample_s = self._decode_s = 0.0
         self._totals = [0, 0, 0]  # decoded, prefilled, steps
+        self.ready = threading.Event()  # set once the thread has warmed the context up
 
     @property
     def idle(self) -> bool:
@@ -76,6 +78,8 @@ class StepLoop:
     # --- the thread -----------------------------------------------------------------
     def run(self) -> None:
         res = self.res
+        res.warm_up()  # on this thread: see Residency.open
+        self.ready.set()
         while True:
             # take() only consults the timer while no mail is pending, so `idle` is the whole story
             mail = self.mailbox.take(self._runnable, lambda: res.keep_alive_due(self.idle), res.idle_wait_s)

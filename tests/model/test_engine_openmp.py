@@ -23,8 +23,8 @@ PROBE = (
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({}, "passive - passive"),
-        ({"EDGE_THREAD_WAIT": "default"}, "- - default"),
+        ({}, "- - default"),  # llama.cpp's own default: no process-global wait policy
+        ({"EDGE_THREAD_WAIT": "passive"}, "passive - passive"),
         ({"EDGE_THREAD_WAIT": "spin:10000"}, "- 10000 spin:10000"),
         ({"OMP_WAIT_POLICY": "active", "EDGE_THREAD_WAIT": "passive"},
          "active - user:OMP_WAIT_POLICY=active"),
