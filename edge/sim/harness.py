@@ -63,6 +63,8 @@ class Scenario:
     ambient_c: float | None = None  # None: the profile's ambient
     fan_fail_at: float | None = None  # fraction of the run; sink->ambient resistance x fan_factor
     fan_factor: float = 2.0
+    neighbour_at: float | None = None  # fraction of the run when a busy process takes a core ...
+    neighbour_until: float | None = None  # ... and when it exits
     hog_at: float | None = None  # fraction of the run when a memory hog appears ...
     hog_until: float | None = None  # ... and when it exits
     baseline_workload: str | None = None  # unloaded variant for the TTFT comparison
@@ -77,6 +79,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fan-failure", "chat", "6 chat users; the fan fails a third of the way in", fan_fail_at=1 / 3),
     Scenario("memory-hog", "background", "batch job + 1 user; a memory hog takes RAM from 30% to 70%",
              hog_at=0.3, hog_until=0.7),
+    Scenario("neighbour", "chat", "6 chat users; a busy process takes one core from 30% to 70%",
+             neighbour_at=0.3, neighbour_until=0.7),
 )}
 
 
@@ -200,6 +204,9 @@ class _Run:
         sc, dev = self.sc, self.device
         if sc.fan_fail_at is not None:
             dev.resistance_factor = sc.fan_factor if frac >= sc.fan_fail_at else 1.0
+        if sc.neighbour_at is not None:
+            busy = sc.neighbour_at <= frac < (sc.neighbour_until if sc.neighbour_until is not None else 2.0)
+            dev.set_neighbour(1.0 if busy else 0.0)
         if sc.hog_at is not None:
             until = sc.hog_until if sc.hog_until is not None else 2.0
             if sc.hog_at <= frac < until:
@@ -232,7 +239,7 @@ class _Run:
             self._arrivals(t)
             if t >= next_control_s:
                 next_control_s = self._control(t) - 1e-9
-            res = eng.step(t, DT_S, dev.clock_factor)
+            res = eng.step(t, DT_S, dev.clock_factor, dev.free_cores)
             for req in res.finished:
                 self._finish(req, t + DT_S)
             self.latencies.extend(res.latencies)

@@ -16,6 +16,9 @@ physics is deliberately simple and documented so results can be checked by hand:
   (tokens slow down and power falls); it recovers below trip - hysteresis.
 * memory: total - OS base - engine - hog; PSI avg10 values are 10 s exponential
   averages of a pressure that rises as available memory nears the low watermark.
+* a neighbour process: `neighbour_cores` busy cores of another program. It adds
+  its share of the cores to the utilisation (heat) and is what the CPU
+  contention telemetry reports (`cpu_other_cores`, out of `cores`).
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ class SimulatedDevice:
         self.oom_events = 0
         self.psi_some_avg10 = 0.0
         self.psi_full_avg10 = 0.0
+        self.cores = self.throughput.max_threads  # the modelled box has as many cores as decode threads
+        self.neighbour_cores = 0.0  # CPU another busy process takes, in cores
 
     # --- inputs ---------------------------------------------------------
     def set_load(self, active: int, threads: int, duty: float = 1.0, off_threads: int = 0) -> None:
@@ -115,7 +120,16 @@ class SimulatedDevice:
     @property
     def utilisation(self) -> float:
         ld = self.load
-        return self.throughput.utilisation(ld.active, ld.threads, ld.duty, ld.off_threads)
+        engine = self.throughput.utilisation(ld.active, ld.threads, ld.duty, ld.off_threads)
+        return min(1.0, engine + self.neighbour_cores / max(1, self.cores))
+
+    @property
+    def free_cores(self) -> float:
+        return max(0.0, self.cores - self.neighbour_cores)
+
+    def set_neighbour(self, cores: float) -> None:
+        """Another program starts (or stops, 0) keeping `cores` cores busy."""
+        self.neighbour_cores = min(float(self.cores), max(0.0, cores))
 
     @property
     def power_w(self) -> float:
@@ -230,6 +244,8 @@ class SimulatedDevice:
             psi_some_avg10=some,
             psi_full_avg10=full,
             memory_pressure=mem_p,
+            cpu_cores=self.cores,
+            cpu_other_cores=round(self.neighbour_cores, 3),
         )
 
 

@@ -206,3 +206,23 @@ def test_sim_engine_counts_interactive_requests_still_waiting_for_a_first_token(
     for i in range(1, 40):
         eng.step(0.25 * i, 0.25, 1.0)
     assert eng.stats().interactive_awaiting_first == 0  # streaming now
+
+
+def test_a_busy_neighbour_process_in_the_simulated_device(tp: ThroughputModel) -> None:
+    """The device reports the neighbour as CPU contention and heats with it; the modelled engine
+    slows when its threads need the neighbour's core; edge decodes with the free core instead."""
+    from edge.config import load_profile
+    from edge.telemetry.simulated import SimulatedDevice
+
+    dev = SimulatedDevice(load_profile(PROFILE), tp)
+    quiet = dev.sample(0.0)
+    assert (quiet.cpu_cores, quiet.cpu_other_cores) == (tp.max_threads, 0.0)
+    dev.set_load(1, 1, 1.0)
+    cool_util = dev.utilisation
+    dev.set_neighbour(1.0)
+    busy = dev.sample(1.0)
+    assert busy.cpu_other_cores == 1.0 and dev.free_cores == tp.max_threads - 1.0
+    assert dev.utilisation > cool_util  # its work heats the box too
+    res = {p: run_scenario("neighbour", p, PROFILE, tp, duration_s=SHORT_S) for p in ("none", "edge")}
+    assert res["edge"].tokens > 1.1 * res["none"].tokens
+    assert res["edge"].seconds_above_limit_minus_3 == 0
