@@ -77,11 +77,13 @@ class BenchConfig:
     seed: int = 0
     allow_remote: bool = False
     status_interval_s: float = 1.0
+    ban_tokens: tuple[int, ...] = ()  # --ignore-eos: the model's end tokens, banned in every request
 
     def workload(self) -> Workload:
         prompts = parse_dist(self.prompt_lengths, "prompt-lengths", allow_jsonl=True)
         return Workload(prompts, parse_dist(self.max_tokens, "max-tokens"), seed=self.seed,
-                        endpoint="completions" if self.endpoint == "completions" else "chat")
+                        endpoint="completions" if self.endpoint == "completions" else "chat",
+                        ban_tokens=self.ban_tokens)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

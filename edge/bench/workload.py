@@ -127,6 +127,19 @@ def _as_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(str(m.get("content", "")) for m in messages)
 
 
+def end_tokens(model_path: str | Path) -> tuple[int, ...]:
+    """The GGUF's end-of-generation token ids (eos, eot, eom) for --ignore-eos."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(model_path))
+    ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        field = reader.get_field(key)
+        if field is not None:
+            ids.append(int(field.parts[field.data[0]][0]))
+    return tuple(sorted(set(ids)))
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """One request's body fields (besides model and stream); `prompt_words` for the record."""
@@ -147,12 +160,16 @@ class Workload:
         seed: int = 0,
         endpoint: Literal["chat", "completions"] = "chat",
         records: list[dict[str, Any]] | None = None,
+        ban_tokens: tuple[int, ...] = (),
     ) -> None:
         if prompt_lengths.kind == "jsonl" and records is None:
             assert prompt_lengths.path is not None
             records = load_jsonl(prompt_lengths.path)
         self.prompt_lengths, self.max_tokens = prompt_lengths, max_tokens
         self.seed, self.endpoint, self.records = seed, endpoint, records
+        # end-of-generation tokens banned (logit_bias -100, which every OpenAI-style server takes):
+        # every target then writes exactly max_tokens, so tokens/s compares like for like
+        self.ban_tokens = ban_tokens
 
     @property
     def path(self) -> str:
@@ -172,4 +189,6 @@ class Workload:
         n_max = self.max_tokens.sample(rng)
         body: dict[str, Any] = {"messages": messages} if self.endpoint == "chat" else {"prompt": prompt}
         body.update(max_tokens=n_max, temperature=0)
+        if self.ban_tokens:
+            body["logit_bias"] = {str(t): -100 for t in self.ban_tokens}
         return RequestSpec(body=body, max_tokens=n_max, prompt_words=words)

@@ -100,6 +100,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-timeout", type=float, default=300.0,
                    help="seconds a started server gets to become ready (default 300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default 0)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="ban the model's end tokens (logit_bias -100) so every answer is max_tokens long "
+                        "on every target: decode speed compared like for like")
     add_settings_args(p)
 
 
@@ -162,9 +165,21 @@ def bench_config(args: argparse.Namespace) -> Any:
         warmup=args.warmup, prompt_lengths=args.prompt_lengths, max_tokens=args.max_tokens,
         endpoint=args.endpoint, timeout_s=args.timeout, threads=args.threads or _usable_cpus(),
         slots=args.slots, ctx=args.ctx, seed=args.seed, allow_remote=args.allow_remote,
+        ban_tokens=_end_tokens(args, model_path),
     )
     cfg.workload()  # parse the distributions now: a bad spec is a usage error (2)
     return cfg
+
+
+def _end_tokens(args: argparse.Namespace, model_path: Path | None) -> tuple[int, ...]:
+    if not getattr(args, "ignore_eos", False):
+        return ()
+    from edge.bench.workload import end_tokens
+    from edge.errors import ConfigError
+
+    if model_path is None:
+        raise ConfigError("ignore-eos", "--ignore-eos needs the MODEL file to know its end tokens")
+    return end_tokens(model_path)
 
 
 def run_ladder(args: argparse.Namespace, *, progress: bool, launcher: Any = None) -> dict[str, Any]:

@@ -24,6 +24,34 @@ def _wake_future(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+def _wake_all(futs: list[asyncio.Future[None]]) -> None:
+    for fut in futs:
+        _wake_future(fut)
+
+
+class Wakeups:
+    """Asyncio wake-ups the engine thread collects during a step and sends in one go.
+
+    Waking an event loop per token made its thread contend with the engine thread for
+    the GIL in the middle of a step (and for a core with the decode threads); collected,
+    the loop wakes once per step, with every stream's tokens ready, right before the
+    engine thread goes back into llama_decode (which releases the GIL).
+    """
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+
+    def add(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+        self._by_loop.setdefault(loop, []).append(fut)
+
+    def flush(self) -> None:
+        by_loop, self._by_loop = self._by_loop, {}
+        for loop, futs in by_loop.items():
+            # a closed consumer loop raises RuntimeError: nobody is listening any more
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake_all, futs)
+
+
 class RequestHandle:
     """A stream of `TokenEvent`s ending with exactly one event that has `finish_reason`."""
 
@@ -41,8 +69,9 @@ class RequestHandle:
 
     # --- engine side -------------------------------------------------------
 
-    def _push(self, event: TokenEvent) -> None:
-        """Called by the engine thread; never blocks on the consumer."""
+    def _push(self, event: TokenEvent, wakeups: Wakeups | None = None) -> None:
+        """Called by the engine thread; never blocks on the consumer. With `wakeups`, an asyncio
+        consumer is woken when they are flushed (end of the step), else at once."""
         with self._cond:
             if self._finished:
                 return
@@ -55,6 +84,9 @@ class RequestHandle:
             self._cond.notify_all()
         if waiter is not None:
             loop, fut = waiter
+            if wakeups is not None:
+                wakeups.add(loop, fut)
+                return
             # a closed consumer loop raises RuntimeError: nobody is listening any more
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_wake_future, fut)

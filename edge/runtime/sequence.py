@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from edge.runtime.detok import TextStream
-from edge.runtime.handle import RequestHandle
+from edge.runtime.handle import RequestHandle, Wakeups
 from edge.runtime.types import (
     EngineState,
     EngineStats,
@@ -49,6 +49,7 @@ class Sequence:
         "stream",
         "t_first_s",
         "t_submit_s",
+        "wakeups",
     )
 
     def __init__(
@@ -78,6 +79,7 @@ class Sequence:
         self.out_idx = -1  # batch row whose logits this sequence samples this step
         self.t_submit_s = t_submit_s
         self.t_first_s = -1.0
+        self.wakeups: Wakeups | None = None  # the step loop's, once admitted: wake consumers per step
 
     @property
     def n_prompt_left(self) -> int:
@@ -94,14 +96,14 @@ class Sequence:
 
     def emit(self, text: str) -> None:
         if text:
-            self.handle._push(TokenEvent(text, self.n_unreported))
+            self.handle._push(TokenEvent(text, self.n_unreported), self.wakeups)
             self.n_unreported = 0
 
     def finish(self, reason: FinishReason, error: Exception | None = None) -> None:
         """Send the final event (with any held-back text) and release the sampler chain."""
         tail = self.stream.finish() if reason in (FinishReason.STOP, FinishReason.LENGTH) else ""
         usage = Usage(len(self.prompt), self.n_gen, self.cached)
-        self.handle._push(TokenEvent(tail, self.n_unreported, reason, usage, error))
+        self.handle._push(TokenEvent(tail, self.n_unreported, reason, usage, error), self.wakeups)
         self.n_unreported = 0
         if self.sampler is not None:
             self.sampler.free()

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from edge.errors import DecodeFailed, EdgeError
+from edge.runtime.handle import Wakeups
 from edge.runtime.sequence import Sequence, StepPerf
 from edge.runtime.slots import (
     Chunk,
@@ -69,6 +70,7 @@ class StepLoop:
         self._sample_s = self._decode_s = 0.0
         self._totals = [0, 0, 0]  # decoded, prefilled, steps
         self.ready = threading.Event()  # set once the thread has warmed the context up
+        self.wakeups = Wakeups()  # consumers' wake-ups, sent once per iteration
 
     @property
     def idle(self) -> bool:
@@ -104,6 +106,8 @@ class StepLoop:
                 log.exception("engine step failed")
                 self.fail_all(DecodeFailed(-100, f"internal error: {exc}"), running_only=True)
                 self._runnable = bool(self.waiting)
+            finally:
+                self.wakeups.flush()
 
     # --- residency ------------------------------------------------------------------
     def _reload(self) -> bool:
@@ -171,6 +175,7 @@ class StepLoop:
             return
         self._freed = False
         step_s = self._step(knobs)
+        self.wakeups.flush()  # before any duty-cycle pause: the tokens of this step go out now
         self._runnable = bool(self.running) or (bool(self.waiting) and self._freed)
         if step_s > 0 and mixed:
             owed = self._off_owed_s - step_s if off_step else step_s * (1.0 - knobs.duty) / knobs.duty
@@ -253,6 +258,7 @@ class StepLoop:
             slot.state = SlotState.PREFILL
             slot.last_used = self._step_no
             seq.seq_id, seq.n_done, seq.cached = slot.seq_id, n_keep, n_keep
+            seq.wakeups = self.wakeups
             self.running[slot.seq_id] = seq
             seq.started()  # the request holds a slot now: admission stops counting it as waiting
 

@@ -91,3 +91,14 @@ def test_completions_endpoint_and_jsonl_records(tmp_path: Path) -> None:
     seen_comp = {comp.request(1, i).body["prompt"] for i in range(30)}
     assert seen_chat == {"from a chat", "a plain prompt"} == seen_comp
     assert chat.request(1, 3).prompt_words is None
+
+
+def test_ignore_eos_bans_the_models_end_tokens_in_every_request(tmp_path) -> None:
+    from edge.bench.workload import Workload, end_tokens, parse_dist
+    from tests.ggufgen import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "tiny.gguf")  # eos 2, no eot
+    assert end_tokens(path) == (2,)
+    w = Workload(parse_dist("fixed:8", "p"), parse_dist("fixed:4", "m"), ban_tokens=(2, 7))
+    assert w.request(1, 0).body["logit_bias"] == {"2": -100, "7": -100}
+    assert "logit_bias" not in Workload(parse_dist("fixed:8", "p"), parse_dist("fixed:4", "m")).request(1, 0).body
