@@ -17,7 +17,10 @@ from edge.config import CONFIGS_DIR
 from edge.errors import ConfigError
 
 THROUGHPUT_DIR = CONFIGS_DIR / "throughput"
-DEFAULT_CALIBRATION = "cpu-2core-smollm2"
+# The simulated devices are defined against a fixed reference table (see its "note"), so edge sim
+# figures compare across sessions and machines; `--calibration cpu-2core-smollm2` (a live measurement
+# of this machine class) or any file of `python -m edge.runtime.calibrate` runs them on another.
+DEFAULT_CALIBRATION = "sim-reference-2core-smollm2"
 
 
 @dataclass(frozen=True)
