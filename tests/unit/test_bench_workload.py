@@ -101,4 +101,5 @@ def test_ignore_eos_bans_the_models_end_tokens_in_every_request(tmp_path) -> Non
     assert end_tokens(path) == (2,)
     w = Workload(parse_dist("fixed:8", "p"), parse_dist("fixed:4", "m"), ban_tokens=(2, 7))
     assert w.request(1, 0).body["logit_bias"] == {"2": -100, "7": -100}
-    assert "logit_bias" not in Workload(parse_dist("fixed:8", "p"), parse_dist("fixed:4", "m")).request(1, 0).body
+    plain = Workload(parse_dist("fixed:8", "p"), parse_dist("fixed:4", "m"))
+    assert "logit_bias" not in plain.request(1, 0).body
