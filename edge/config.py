@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -71,6 +71,10 @@ class Settings(BaseSettings):
         None, ge=16, le=1 << 20, description="Context length in tokens (None: the planner picks)."
     )
     kv_type: KVType = Field("f16", description="KV cache element type.")
+    embedding_model: str | None = Field(
+        None, description="A second model (store name or .gguf path) for /v1/embeddings (None: the served "
+        "model's own weights, mean-pooled unless its GGUF names a pooling)."
+    )
     gpu_layers: int | Literal["auto"] = Field(
         "auto", description="Layers offloaded to the GPU; 'auto' lets the planner decide."
     )
@@ -100,6 +104,11 @@ class Settings(BaseSettings):
     )
     keep_alive_s: float | None = Field(
         None, ge=0, description="Unload the model after this idle time (None: never)."
+    )
+    chat_template: str | None = Field(
+        None, description="Chat template replacing the model's: a built-in name (chatml, chatml-tools, "
+        "llama3, plain) or a Jinja file path. None: the model's own (plain transcript if it has none). "
+        "chatml-tools gives a ChatML model (e.g. SmolLM2) Hermes-style tool calling."
     )
 
     # --- telemetry ---
@@ -131,6 +140,19 @@ class Settings(BaseSettings):
             TomlConfigSettingsSource(settings_cls, toml_file=toml_path),
         )
 
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, v: str | None) -> str | None:
+        """An unknown name or unreadable file fails when settings load, not at the first chat."""
+        if v is not None:
+            from edge.runtime.chat_template import resolve_chat_template
+
+            try:
+                resolve_chat_template(v)
+            except ConfigError as exc:
+                raise ValueError(exc.reason) from None
+        return v
+
     def resolved_api_key(self) -> str | None:
         """The key from `api_key`, else the first line of `api_key_file`."""
         if self.api_key:
@@ -155,7 +177,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         return Settings(**kwargs)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise ConfigError(".".join(str(p) for p in err["loc"]) or "settings", err["msg"]) from exc
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ConfigError(".".join(str(p) for p in err["loc"]) or "settings", msg) from exc
     finally:
         if config_file is not None:
             if old is None:

@@ -29,3 +29,9 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
     return _pulled("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_path() -> Path:
+    """Qwen2.5 Coder 0.5B Instruct: the catalog's smallest model whose template has tool calls."""
+    return _pulled("qwen2.5-coder-0.5b-instruct")

@@ -21,6 +21,7 @@ ASGI driver whose client can vanish on cue, for API tests.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import threading
@@ -118,6 +119,12 @@ class ScriptedHandle:
                 return
 
 
+@dataclass
+class FakeEmbedJob:
+    n_tokens: int
+    future: concurrent.futures.Future[list[Any]] = field(default_factory=concurrent.futures.Future)
+
+
 def engine_stats(*, active: int = 4, knobs: Knobs | None = None, **overrides: Any) -> EngineStats:
     """A READY engine's stats with `active` sequences each decoding one token per 0.1 s step.
 
@@ -147,6 +154,7 @@ class ScriptedEngine:
     step_time_s: float = 0.01
     chat_template: bool = True
     fail_with: Exception | None = None  # every request ends with this error event
+    template_info: Any = None  # what `chat_template_info` reports (a TemplateInfo); None: cannot say
 
     def __post_init__(self) -> None:
         self._state = EngineState.LOADING
@@ -160,6 +168,8 @@ class ScriptedEngine:
         self.total_steps = 0
         self.last_progress_s = self.clock.monotonic()
         self.stop_calls: list[float] = []
+        self.embedded: list[list[list[int]]] = []
+        self.rendered: list[tuple[list[dict[str, Any]], Any]] = []  # (messages, tools) per render_chat
 
     # --- lifecycle -----------------------------------------------------
     @property
@@ -185,15 +195,53 @@ class ScriptedEngine:
     def apply(self, knobs: Knobs) -> None:
         self.knobs = knobs
 
+    # --- embeddings ----------------------------------------------------------
+    embed_dim: int = 8
+    embed_max_tokens: int = 32
+
+    def embed(self, inputs: Any) -> FakeEmbedJob:
+        """Deterministic unit vectors from the words (same text, same vector), resolved at once."""
+        if not inputs:
+            raise InvalidRequest("input must not be empty", "input")
+        toks = [self.tokenize(x) if isinstance(x, str) else list(x) for x in inputs]
+        for i, t in enumerate(toks):
+            if len(t) > self.embed_max_tokens:
+                raise ContextOverflow(len(t), self.embed_max_tokens)
+            if not t:
+                raise InvalidRequest(f"input[{i}] is empty", f"input[{i}]")
+        job = FakeEmbedJob(sum(len(t) for t in toks))
+        vecs = []
+        for t in toks:
+            v = [0.0] * self.embed_dim
+            for tok in t:
+                v[tok % self.embed_dim] += 1.0
+            norm = sum(x * x for x in v) ** 0.5
+            vecs.append([x / norm for x in v])
+        job.future.set_result(vecs)
+        self.embedded.append(toks)
+        return job
+
+    def embedding_info(self) -> dict[str, Any]:
+        return {"model": self.model_name, "n_embd": self.embed_dim, "pooling": "mean",
+                "max_input_tokens": self.embed_max_tokens}
+
     # --- text ------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         words = text.split()
         return ([1] if add_bos else []) + [100 + (hash(w) % 1000) for w in words]
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    @property
+    def chat_template_info(self) -> Any:
+        return self.template_info
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         if not self.chat_template:
             raise TemplateError("model has no chat template")
+        self.rendered.append((messages, tools))
         parts = [f"<{m['role']}> {m.get('content') or ''}" for m in messages]
+        if tools:
+            parts.insert(0, "<tools> " + " ".join(t["function"]["name"] for t in tools))
         return " ".join(parts) + (" <assistant>" if add_generation_prompt else "")
 
     # --- requests --------------------------------------------------------

@@ -1,9 +1,17 @@
 """`create_app(settings, engine, scheduler)`: the HTTP app, with no module globals.
 
 Middleware order (outermost first): request counting, CORS (only when
-configured), API key, body size limit, then the routes. Every error leaves
-through `edge.api.errors.to_http`; an unexpected exception is logged with its
-stack and answered with a generic 500 that reveals nothing.
+configured: `cors_origins` is the allow-list, and a preflight from any other origin
+gets no Access-Control-Allow-* header), API key, body size limit, JSON-only POSTs
+(415 otherwise), then the routes. Every error leaves through
+`edge.api.errors.to_http`; an unexpected exception is logged with its stack and
+answered with a generic 500 that reveals nothing.
+
+`/openapi.json` describes the real request bodies (the pydantic models in
+schemas.py) for clients and fuzzers. It sits behind the API key like every other
+endpoint except the probes and the chat page: it reveals nothing secret, but one rule
+("with a key configured, everything but /health, /ready and / needs it") is easier
+to reason about than exceptions. No interactive docs pages are served.
 """
 
 from __future__ import annotations
@@ -11,19 +19,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
 
 from edge import __version__
-from edge.api import openai, ops, page
+from edge.api import embeddings, openai, ops, page
 from edge.api.errors import error_payload, to_http
 from edge.api.metrics import ApiMetrics
-from edge.api.middleware import AuthMiddleware, BodyLimitMiddleware, CountMiddleware
+from edge.api.middleware import (
+    AllowListCORSMiddleware,
+    AuthMiddleware,
+    BodyLimitMiddleware,
+    CountMiddleware,
+    JsonOnlyMiddleware,
+)
+from edge.api.schemas import openapi_components
 from edge.api.state import ApiState
 from edge.config import Settings
 from edge.errors import EdgeError
@@ -58,7 +74,8 @@ def create_app(
     model_id = model_id or engine.model_name
     names = frozenset({model_id, engine.model_name, *model_aliases})
 
-    app = FastAPI(title="edge", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="edge", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
     holder: dict[str, ApiState] = {}
     metrics = ApiMetrics(engine, lambda: len(holder["st"].in_flight), lambda: holder["st"].scheduler_status())
     st = ApiState(
@@ -77,20 +94,46 @@ def create_app(
     app.state.edge = st
     app.include_router(openai.router)
     app.include_router(ops.router)
+    app.include_router(embeddings.router)
     app.include_router(page.router)  # GET /: the built-in chat page
     _install_handlers(app)
+    app.openapi = partial(_openapi, app, bool(api_key))  # type: ignore[method-assign]
 
+    app.add_middleware(JsonOnlyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(AuthMiddleware, api_key=api_key or None)
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            AllowListCORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-Edge-Priority"],
         )
     app.add_middleware(CountMiddleware, metrics=metrics)
     return app
+
+
+def _openapi(app: FastAPI, keyed: bool) -> dict[str, Any]:
+    """FastAPI's document plus the request-body schemas the routes declare, errors and auth."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                      description="OpenAI-compatible API of edge (on-device LLM runtime).")
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components())
+    error = {"description": "error", "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/Error"}}}}
+    for item in doc.get("paths", {}).values():
+        for op in item.values():
+            responses = op.setdefault("responses", {})
+            for code in ("400", "404", "413", "415", "503") if "requestBody" in op else ("404",):
+                responses.setdefault(code, error)
+            if keyed:
+                responses.setdefault("401", error)
+    if keyed:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    app.openapi_schema = doc
+    return doc
 
 
 def _install_handlers(app: FastAPI) -> None:

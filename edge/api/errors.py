@@ -26,7 +26,9 @@ TYPE_BY_STATUS: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
     500: "server_error",
@@ -40,10 +42,11 @@ def _snake(name: str) -> str:
 def error_payload(
     status: int, message: str, *, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
+    default = "invalid_request_error" if 400 <= status < 500 else "server_error"  # the client's fault or ours
     return {
         "error": {
             "message": message,
-            "type": TYPE_BY_STATUS.get(status, "server_error"),
+            "type": TYPE_BY_STATUS.get(status, default),
             "param": param,
             "code": code,
         }

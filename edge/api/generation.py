@@ -19,14 +19,17 @@ from typing import Any
 from edge.api.schemas import ResponseFormat, _SamplingFields
 from edge.api.state import ApiState, ServerState
 from edge.errors import ContextOverflow, EdgeError, EngineStopped, InvalidRequest
+from edge.runtime.chat_template import TemplateInfo
 from edge.runtime.sampling import json_schema_to_grammar
 from edge.runtime.types import (
+    EngineLike,
     FinishReason,
     GenerationRequest,
     Priority,
     RequestHandleLike,
     SamplingParams,
     TokenEvent,
+    TokenLogprob,
     Usage,
 )
 from edge.scheduler.admission import TicketLike
@@ -41,6 +44,11 @@ def parse_priority(value: str | None) -> Priority:
     if value.strip().lower() == "background":
         return Priority.BACKGROUND
     raise InvalidRequest("X-Edge-Priority must be 'interactive' or 'background'", "X-Edge-Priority")
+
+
+def template_info(engine: EngineLike) -> TemplateInfo | None:
+    """The chat template in use (None until the model is loaded, or for an engine that cannot say)."""
+    return engine.chat_template_info
 
 
 def grammar_for(fmt: ResponseFormat | None) -> str | None:
@@ -90,6 +98,7 @@ def prepare_job(
     requested_max_tokens: int | None,
     sampling: SamplingParams,
     stop: tuple[str, ...],
+    logprobs: int | None = None,
 ) -> Job:
     """Tokenize and check against the context and the max_tokens cap, before any queueing."""
     tokens = list(prompt) if isinstance(prompt, list) else st.engine.tokenize(prompt, add_bos)
@@ -104,7 +113,8 @@ def prepare_job(
             f"max_tokens is {requested_max_tokens}; this server allows at most {cap}", "max_tokens"
         )
     max_tokens = requested_max_tokens if requested_max_tokens is not None else min(cap, n_ctx - len(tokens))
-    req = GenerationRequest(prompt=tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, add_bos=False)
+    req = GenerationRequest(prompt=tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, add_bos=False,
+                            logprobs=logprobs)
     return Job(req, len(tokens), None if isinstance(prompt, list) else prompt)
 
 
@@ -117,6 +127,7 @@ class Outcome:
     usage: Usage | None = None
     n_generated: int = 0
     error: Exception | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked for them
 
 
 @dataclass
@@ -211,6 +222,7 @@ class Generation:
                 out.n_generated += ev.n_tokens
                 self.st.metrics.generated_tokens.inc(ev.n_tokens)
             out.text += ev.text
+            out.logprobs.extend(ev.logprobs)
             if ev.finish_reason is not None:
                 out.finish_reason = ev.finish_reason
                 out.usage = ev.usage or Usage(self.jobs[index].n_prompt, out.n_generated)

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: API key, body size limit, request counting.
+"""Pure ASGI middleware: API key, body size limit, JSON content type, request counting.
 
 Pure ASGI (not BaseHTTPMiddleware) so streaming responses and disconnect
 messages pass through untouched: cancel-on-disconnect depends on it.
@@ -11,7 +11,11 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from edge.api.errors import to_http
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import PlainTextResponse, Response
+
+from edge.api.errors import error_payload, to_http
 from edge.api.metrics import ApiMetrics
 from edge.errors import BodyTooLarge, EdgeError, Unauthorized
 
@@ -34,12 +38,21 @@ KNOWN_PATHS: frozenset[str] = frozenset(
         "/v1/models",
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/embeddings",
+        "/openapi.json",
     }
 )
 
 
 async def send_error(send: Send, err: EdgeError) -> None:
     status, body, headers = to_http(err)
+    await send_json(send, status, body, headers)
+
+
+async def send_json(
+    send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> None:
+    headers = headers or {}
     raw = json.dumps(body).encode()
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     hdrs += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
@@ -98,6 +111,40 @@ class BodyLimitMiddleware:
             return message
 
         return await self.app(scope, limited_receive, send)
+
+
+class JsonOnlyMiddleware:
+    """415 for a POST to the API whose Content-Type is not `application/json` (parameters such as
+    charset allowed). A browser sends text/plain (or no type, for a Blob) cross-site WITHOUT a CORS
+    preflight; if such a body were parsed as JSON, any web page the user visits could drive this
+    local server. Requiring application/json forces the preflight, which CORS then refuses."""
+
+    def __init__(self, app: ASGIApp, prefix: str = "/v1/") -> None:
+        self.app = app
+        self.prefix = prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        post = scope["type"] == "http" and scope.get("method") == "POST"
+        if post and scope["path"].startswith(self.prefix):
+            ctype = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+            if ctype != "application/json":
+                shown = ctype or "none"
+                return await send_json(send, 415, error_payload(
+                    415, f"Content-Type must be application/json (got {shown})", param="Content-Type",
+                    code="unsupported_media_type"))
+        return await self.app(scope, receive, send)
+
+
+class AllowListCORSMiddleware(CORSMiddleware):
+    """Starlette's CORS, except that a refused preflight carries no Access-Control-Allow-* header
+    at all (Starlette sends its allowed methods and headers even to an unlisted origin)."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 200:
+            return PlainTextResponse(bytes(response.body).decode(), status_code=response.status_code,
+                                     headers={"Vary": "Origin"})
+        return response
 
 
 class CountMiddleware:

@@ -6,6 +6,14 @@ request waiting for a slot or a long prompt writes nothing for a while; proxies
 and clients must not time it out) and its disconnect listener. A client
 disconnect cancels the engine request at once, streaming or not, so its slot is
 free at the next engine step.
+
+The per-request work before queueing (decoding the body, rendering the chat
+template, converting tool schemas to a grammar, tokenizing) runs in a worker thread
+when the body is larger than `INLINE_WORK_BYTES`, so /health and running streams
+never wait behind a 4 MiB prompt; a small body is handled inline (faster than a
+thread hop, and deterministic for tests).
+Tool calls (`edge.api.tools`) become `tool_calls` in the message, or
+`delta.tool_calls` chunks (id, type and name first, then the arguments) when streaming.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -25,21 +33,27 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from edge import __version__
+from edge.api.body import parse_json
 from edge.api.errors import to_http
 from edge.api.generation import (
     PRIORITY_HEADER,
     Generation,
+    Job,
     failure,
     grammar_for,
     openai_finish,
     parse_priority,
     prepare_job,
     sampling_for,
+    template_info,
 )
-from edge.api.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from edge.api.logprobs import chat_logprobs, completion_logprobs
+from edge.api.schemas import ChatCompletionRequest, CompletionRequest, parse_body, request_body_doc
 from edge.api.state import ApiState
-from edge.errors import InvalidRequest
-from edge.runtime.types import Usage
+from edge.api.tool_parse import call_deltas, call_json
+from edge.api.tools import ToolPlan, check_history, plan_tools, template_messages
+from edge.runtime.chat_template import TemplateInfo
+from edge.runtime.types import TokenLogprob, Usage
 
 router = APIRouter()
 FINGERPRINT = f"edge-{__version__}"
@@ -50,12 +64,26 @@ def _state(request: Request) -> ApiState:
     return st
 
 
-async def _json_body(request: Request) -> Any:
+# A request whose body is larger than this is decoded, rendered and tokenized in a worker thread;
+# smaller ones take microseconds, less than the thread hop, and stay on the loop.
+INLINE_WORK_BYTES = 64 << 10
+
+
+class _Body:
+    """The decoded JSON body, and a way to run the request's heavy steps off the loop if it is big."""
+
+    def __init__(self, data: Any, heavy: bool) -> None:
+        self.data = data
+        self.heavy = heavy
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        return await anyio.to_thread.run_sync(fn) if self.heavy else fn()
+
+
+async def _json_body(request: Request) -> _Body:
     raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    heavy = len(raw) > INLINE_WORK_BYTES
+    return _Body(await anyio.to_thread.run_sync(parse_json, raw) if heavy else parse_json(raw), heavy)
 
 
 def _usage_json(u: Usage) -> dict[str, Any]:
@@ -162,33 +190,46 @@ def _error_chunk(gen: Generation) -> bytes | None:
 # --- chat -------------------------------------------------------------------
 
 
-@router.post("/v1/chat/completions")
+def _prepare_chat(
+    st: ApiState, body: ChatCompletionRequest, info: TemplateInfo | None
+) -> tuple[Job, ToolPlan]:
+    """Tool plan, template, grammar and tokens (in a worker thread for a big body)."""
+    plan = plan_tools(body, info)
+    messages = template_messages(body.messages)
+    if plan.tools is not None:
+        prompt = st.engine.render_chat(messages, tools=plan.tools)
+    else:
+        prompt = st.engine.render_chat(messages)
+    sampling = sampling_for(body, plan.grammar or grammar_for(body.response_format))
+    stop = body.stop_tuple()
+    if info is not None:  # a fallback or borrowed template's turn markers end the turn
+        stop += tuple(s for s in info.stop if s not in stop)
+    job = prepare_job(st, prompt, add_bos=False, requested_max_tokens=body.requested_max_tokens(),
+                      sampling=sampling, stop=stop, logprobs=body.logprobs_n())
+    return job, plan
+
+
+@router.post("/v1/chat/completions", openapi_extra=request_body_doc(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     st = _state(request)
     t0_s = st.clock()
-    body: ChatCompletionRequest = parse_body(ChatCompletionRequest, await _json_body(request))
+    raw = await _json_body(request)
+    body: ChatCompletionRequest = parse_body(ChatCompletionRequest, raw.data)
     st.check_model(body.model)
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
-    messages = [m.as_template_dict(i) for i, m in enumerate(body.messages)]
-    prompt = st.engine.render_chat(messages)
-    sampling = sampling_for(body, grammar_for(body.response_format))
-    job = prepare_job(
-        st,
-        prompt,
-        add_bos=False,
-        requested_max_tokens=body.requested_max_tokens(),
-        sampling=sampling,
-        stop=body.stop_tuple(),
-    )
+    check_history(body.messages)
+    job, plan = await raw.run(partial(_prepare_chat, st, body, template_info(st.engine)))
     gen = Generation(st, [job], priority, t0_s, stream=bool(body.stream))
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     head = {"id": cid, "created": created, "model": body.model, "system_fingerprint": FINGERPRINT}
 
-    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def chunk(delta: dict[str, Any], finish: str | None,
+              lps: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
         c = {
             **head,
             "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(lps) if lps else None,
+                         "finish_reason": finish}],
         }
         if body.include_usage():
             c["usage"] = None
@@ -196,14 +237,38 @@ async def chat_completions(request: Request) -> Response:
 
     async def stream(g: Generation) -> AsyncIterator[bytes]:
         yield _sse(chunk({"role": "assistant", "content": ""}, None))
+        scanner = plan.scanner() if plan.active else None
+        n_calls = 0
+
+        def deltas(events: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+            nonlocal n_calls
+            out: list[dict[str, Any]] = []
+            for kind, value in events:
+                if kind == "content":
+                    out.append({"content": value})
+                else:
+                    out += call_deltas(n_calls, value)
+                    n_calls += 1
+            return out
+
+        owed: list[TokenLogprob] = []  # logprobs of tokens whose text is held back (a possible call)
         async for _, ev in g.events():
-            if ev.text:
-                yield _sse(chunk({"content": ev.text}, None))
+            owed.extend(ev.logprobs)
+            if not ev.text:
+                continue
+            for delta in deltas(scanner.feed(ev.text)) if scanner is not None else [{"content": ev.text}]:
+                yield _sse(chunk(delta, None, owed))
+                owed = []
         err = _error_chunk(g)
         if err is not None:
             yield err
             return
-        yield _sse(chunk({}, openai_finish(g.outcomes[0].finish_reason)))
+        if scanner is not None:
+            for delta in deltas(scanner.finish()):
+                yield _sse(chunk(delta, None, owed))
+                owed = []
+        finish = "tool_calls" if n_calls else openai_finish(g.outcomes[0].finish_reason)
+        yield _sse(chunk({}, finish, owed))
         if body.include_usage():
             yield _sse(
                 {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage_json(g.usage())}
@@ -212,15 +277,25 @@ async def chat_completions(request: Request) -> Response:
 
     def full(g: Generation) -> dict[str, Any]:
         out = g.outcomes[0]
+        message: dict[str, Any] = {"role": "assistant", "content": out.text, "refusal": None}
+        finish = openai_finish(out.finish_reason)
+        if plan.active:
+            scanner = plan.scanner()
+            events = scanner.feed(out.text) + scanner.finish()
+            if scanner.calls:
+                content = "".join(v for kind, v in events if kind == "content")
+                message["content"] = content or None  # OpenAI: null when the reply is only calls
+                message["tool_calls"] = [call_json(c) for c in scanner.calls]
+                finish = "tool_calls"
         return {
             **head,
             "object": "chat.completion",
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": out.text, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": openai_finish(out.finish_reason),
+                    "message": message,
+                    "logprobs": chat_logprobs(out.logprobs) if body.logprobs else None,
+                    "finish_reason": finish,
                 }
             ],
             "usage": _usage_json(g.usage()),
@@ -232,25 +307,25 @@ async def chat_completions(request: Request) -> Response:
 # --- completions --------------------------------------------------------------
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=request_body_doc(CompletionRequest))
 async def completions(request: Request) -> Response:
     st = _state(request)
     t0_s = st.clock()
-    body: CompletionRequest = parse_body(CompletionRequest, await _json_body(request))
+    raw = await _json_body(request)
+    body: CompletionRequest = parse_body(CompletionRequest, raw.data)
     st.check_model(body.model)
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
-    sampling = sampling_for(body, grammar_for(body.response_format))
-    jobs = [
-        prepare_job(
-            st,
-            p,
-            add_bos=True,
-            requested_max_tokens=body.requested_max_tokens(),
-            sampling=sampling,
-            stop=body.stop_tuple(),
-        )
-        for p in body.prompts()
-    ]
+    prompts = body.prompts()
+
+    def prepare() -> list[Job]:  # grammar conversion and tokenizing can be slow
+        sampling = sampling_for(body, grammar_for(body.response_format))
+        return [
+            prepare_job(st, p, add_bos=True, requested_max_tokens=body.requested_max_tokens(),
+                        sampling=sampling, stop=body.stop_tuple(), logprobs=body.logprobs_n())
+            for p in prompts
+        ]
+
+    jobs = await raw.run(prepare)
     gen = Generation(st, jobs, priority, t0_s, stream=bool(body.stream))
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     head = {
@@ -261,8 +336,14 @@ async def completions(request: Request) -> Response:
         "system_fingerprint": FINGERPRINT,
     }
 
-    def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
-        c = {**head, "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish}]}
+    offsets = [0] * len(jobs)  # characters streamed per choice (text_offset continues from there)
+
+    def chunk(index: int, text: str, finish: str | None, lps: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+        lp = None
+        if body.logprobs is not None:
+            lp = completion_logprobs(lps, offsets[index])
+            offsets[index] += sum(len(t.token) for t in lps)
+        c = {**head, "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": finish}]}
         if body.include_usage():
             c["usage"] = None
         return c
@@ -271,9 +352,9 @@ async def completions(request: Request) -> Response:
         async for index, ev in g.events():
             if ev.finish_reason is not None:
                 if failure(g.outcomes[index]) is None:
-                    yield _sse(chunk(index, ev.text, openai_finish(ev.finish_reason)))
+                    yield _sse(chunk(index, ev.text, openai_finish(ev.finish_reason), ev.logprobs))
             elif ev.text:
-                yield _sse(chunk(index, ev.text, None))
+                yield _sse(chunk(index, ev.text, None, ev.logprobs))
         err = _error_chunk(g)
         if err is not None:
             yield err
@@ -289,7 +370,7 @@ async def completions(request: Request) -> Response:
                 {
                     "text": o.text,
                     "index": i,
-                    "logprobs": None,
+                    "logprobs": completion_logprobs(o.logprobs) if body.logprobs is not None else None,
                     "finish_reason": openai_finish(o.finish_reason),
                 }
                 for i, o in enumerate(g.outcomes)
@@ -304,7 +385,10 @@ async def completions(request: Request) -> Response:
 
 
 def _model_card(st: ApiState) -> dict[str, Any]:
-    return {"id": st.model_id, "object": "model", "created": int(st.started_unix_s), "owned_by": "edge"}
+    """OpenAI's model object, plus which chat template renders chats (null until the model loaded)."""
+    info = template_info(st.engine)
+    return {"id": st.model_id, "object": "model", "created": int(st.started_unix_s), "owned_by": "edge",
+            "chat_template": info.as_json() if info is not None else None}
 
 
 @router.get("/v1/models")

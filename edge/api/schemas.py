@@ -3,18 +3,17 @@
 Policy for parameters (so that unmodified OpenAI clients work and nothing is
 silently wrong):
 - supported ones are validated with OpenAI's bounds;
-- ones clients send by default (`n=1`, `logprobs=false`, `user`, `store`,
-  `parallel_tool_calls`, ...) are accepted and ignored while they keep their
-  default value;
+- ones clients send by default (`n=1`, `logprobs=false`, `user`, `store`, ...)
+  are accepted and ignored while they keep their default value;
 - any other parameter with a non-null value is rejected with 400 naming it.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from edge.errors import InvalidRequest
 
@@ -25,7 +24,7 @@ IGNORED_PARAMS: frozenset[str] = frozenset(
         "store",
         "metadata",
         "service_tier",
-        "parallel_tool_calls",
+        "parallel_tool_calls",  # a field of chat requests; on /v1/completions it means nothing
         "safety_identifier",
         "prompt_cache_key",
     }
@@ -34,8 +33,6 @@ IGNORED_PARAMS: frozenset[str] = frozenset(
 DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
     "tools": (None, []),
@@ -50,9 +47,12 @@ DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 }
 
 MAX_STOP = 16
+MAX_TOOLS = 128  # as OpenAI
+# OpenAI's rule for function names; also keeps names safe inside tool-call syntax and grammars
+FUNCTION_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
 # pydantic puts union member tags ("str", "list[int]", "ChatMessage", "function-after[...]") in error
 # locations; they are not parameter names.
-_UNION_TAG = re.compile(r"^(list\[.*\]|dict\[.*\]|str|int|float|bool|function-.*|[A-Z]\w*)$")
+_UNION_TAG = re.compile(r"^(list\[.*\]|dict\[.*\]|literal\[.*\]|str|int|float|bool|function-.*|[A-Z]\w*)$")
 
 
 def _utf8(value: Any) -> Any:
@@ -151,16 +151,64 @@ class ContentPart(BaseModel):
     _check_text = field_validator("text")(_utf8)
 
 
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+    _check_text = field_validator("description")(_utf8)
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    """`{"type": "function", "function": {"name": ...}}`: call exactly this function."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string; an object is accepted too
+
+    _check_text = field_validator("name", "arguments")(_utf8)
+
+
+class ToolCall(BaseModel):
+    """A call the assistant made earlier in the conversation."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the id of the call this answers
 
     _check_content = field_validator("content")(_utf8)
 
-    def as_template_dict(self, index: int) -> dict[str, Any]:
-        """Plain text content for the chat template; only text parts are supported."""
+    def text(self, index: int) -> str:
+        """Plain text content; only text parts are supported."""
         if isinstance(self.content, list):
             texts = []
             for part in self.content:
@@ -170,25 +218,44 @@ class ChatMessage(BaseModel):
                         f"messages[{index}].content",
                     )
                 texts.append(part.text)
-            content = "".join(texts)
-        else:
-            content = self.content or ""
+            return "".join(texts)
+        return self.content or ""
+
+    def as_template_dict(self, index: int) -> dict[str, Any]:
+        """The message as chat templates see it (tool calls: `edge.api.tools.template_messages`)."""
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content}
+        return {"role": role, "content": self.text(index)}
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # llama.cpp's server default: one call per turn unless the client asks for more
+    parallel_tool_calls: StrictBool | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def logprobs_n(self) -> int | None:
+        """Alternatives per token for the engine (None: no log probabilities, at no cost)."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # StrictInt: JSON true/false are not token ids (pydantic would read true as 1)
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     response_format: ResponseFormat | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)  # legacy completions: alternatives per token
+
+    def logprobs_n(self) -> int | None:
+        return self.logprobs
 
     _check_prompt = field_validator("prompt")(_utf8)
 
@@ -207,6 +274,38 @@ class CompletionRequest(_SamplingFields):
         return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default here
 
 
+class EmbeddingRequest(BaseModel):
+    """/v1/embeddings. Unknown fields are refused (nothing here is worth ignoring silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_booleans(cls, v: Any) -> Any:
+        """JSON true/false are not token ids (pydantic would take them as 1/0)."""
+        items = v if isinstance(v, list) else [v]
+        flat = [x for item in items for x in (item if isinstance(item, list) else [item])]
+        if any(isinstance(x, bool) for x in flat):
+            raise ValueError("token ids must be integers, not booleans")
+        return v
+
+    def inputs(self) -> list[str | list[int]]:
+        v = self.input
+        if isinstance(v, str):
+            return [v]
+        if not v:
+            raise InvalidRequest("input must not be empty", "input")
+        if all(isinstance(x, int) for x in v):
+            return [list(v)]  # type: ignore[arg-type]
+        return list(v)  # type: ignore[arg-type]
+
+
+
 def _check_extras(model: BaseModel) -> None:
     """Reject non-default values of parameters we do not implement."""
     for name, value in (model.model_extra or {}).items():
@@ -219,18 +318,26 @@ def _check_extras(model: BaseModel) -> None:
         raise InvalidRequest(f"unsupported parameter: {name}", name)
 
 
-def parse_body(cls: type[_SamplingFields], data: Any) -> Any:
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_model(cls: type[M], data: Any) -> M:
     """Validate a decoded JSON body into `cls`, raising InvalidRequest naming the first bad param."""
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object")
     try:
-        parsed = cls.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = [str(p) for p in err["loc"] if not _UNION_TAG.match(str(p))]
         param = _param_path(loc)
         msg = err["msg"].removeprefix("Value error, ")
         raise InvalidRequest(f"{param}: {msg}" if param else msg, param) from None
+
+
+def parse_body(cls: type[_SamplingFields], data: Any) -> Any:
+    """`parse_model` for the completion endpoints, then their unsupported-parameter policy."""
+    parsed = parse_model(cls, data)
     _check_extras(parsed)
     return parsed
 
@@ -240,3 +347,33 @@ def _param_path(loc: list[str]) -> str | None:
     for part in loc:
         out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
     return out or None
+
+
+# --- OpenAPI ----------------------------------------------------------------------------------
+# The routes read the raw body themselves (the nesting check runs before any parse), so FastAPI
+# cannot infer the request bodies; they are declared from these models instead.
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest, EmbeddingRequest)
+_REF = "#/components/schemas/{model}"
+
+
+def request_body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route whose JSON body is `model` (schemas: `openapi_components`)."""
+    ref = {"$ref": _REF.format(model=model.__name__)}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def openapi_components() -> dict[str, Any]:
+    """JSON schemas of the request models and everything they refer to, for components.schemas."""
+    out: dict[str, Any] = {}
+    for model in REQUEST_MODELS:
+        schema = model.model_json_schema(ref_template=_REF)
+        out.update(schema.pop("$defs", {}))
+        out[model.__name__] = schema
+    out["Error"] = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"},
+            "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+    }
+    return out

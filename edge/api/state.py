@@ -44,6 +44,7 @@ class ApiState:
     started_unix_s: float = field(default_factory=time.time)
     server_state: ServerState = ServerState.SERVING
     in_flight: dict[str, RequestHandleLike] = field(default_factory=dict)
+    embeds_in_flight: int = 0  # /v1/embeddings requests queued or running (bounded there)
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:

@@ -1,10 +1,16 @@
-"""`edge inspect MODEL [--json] [--tensors]`: what a GGUF file holds, checked before any load."""
+"""`edge inspect MODEL [--json] [--tensors]`: what a GGUF file holds, checked before any load.
+
+Also which chat template `serve` would render chats with: the model's own, the plain
+fallback (base models), or the one `--chat-template` / the `chat_template` setting names,
+with its tool-call syntax and the turn markers that stop generation.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from edge.commands._common import add_settings_args, settings_from_args
 from edge.gguf import GGUFInfo, info_to_json, validate_gguf
@@ -15,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="path to a .gguf file or a pulled model name")
     p.add_argument("--json", action="store_true", help="print stable JSON keys")
     p.add_argument("--tensors", action="store_true", help="also list every tensor")
+    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help="report this template instead of the model's (as `serve --chat-template`)")
     add_settings_args(p)
     p.set_defaults(func=run)
 
@@ -33,7 +41,32 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def render(info: GGUFInfo, *, tensors: bool = False) -> str:
+def template_in_use(model_template: str | None, setting: str | None) -> dict[str, Any]:
+    """What `serve` would use: {source, name, tools, tool_format, stop} or {source, error} when the
+    model's template does not compile (serve would then fail every chat with a 400)."""
+    from edge.errors import TemplateError
+    from edge.runtime.chat_template import describe, load_template, resolve_chat_template
+
+    choice = resolve_chat_template(setting)
+    try:
+        template = load_template(choice.source if choice is not None else model_template)
+    except TemplateError as exc:
+        return {"source": "model", "name": None, "error": str(exc)}
+    return describe(template, choice).as_json()
+
+
+def _template_text(t: dict[str, Any]) -> str:
+    if "error" in t:
+        return f"model's own, unusable: {t['error']}"
+    what = {"model": "model's own", "fallback": f"fallback {t['name']!r} (the model has none)",
+            "name": f"built-in {t['name']!r}", "file": f"file {t['name']}"}.get(t["source"], t["source"])
+    parts = [f"tools: {t['tool_format']}" if t["tools"] else "no tools"]
+    if t["stop"]:
+        parts.append("stops at " + ", ".join(json.dumps(s) for s in t["stop"]))
+    return f"{what} ({'; '.join(parts)})"
+
+
+def render(info: GGUFInfo, *, tensors: bool = False, template: dict[str, Any] | None = None) -> str:
     """Human-readable summary, one fact per line."""
     heads_kv = (
         f"{min(info.n_head_kv)}-{max(info.n_head_kv)} (per layer)"
@@ -65,6 +98,7 @@ def render(info: GGUFInfo, *, tensors: bool = False) -> str:
             f"{info.kv_bytes_per_token('f16')} B (f16), {info.kv_bytes_per_token('q8_0')} B (q8_0)",
         ),
         ("chat template", "yes" if info.chat_template else "no"),
+        *([("template in use", _template_text(template))] if template is not None else []),
         ("licence", info.license or "-"),
         ("tokenizer", f"{info.tokenizer_model or '-'} ({info.n_vocab} tokens)"),
     ]
@@ -78,8 +112,13 @@ def render(info: GGUFInfo, *, tensors: bool = False) -> str:
 
 def run(args: argparse.Namespace) -> int:
     info = validate_gguf(resolve_model_path(args.model, args))
+    setting = args.chat_template
+    if setting is None:
+        setting = settings_from_args(args).chat_template
+    template = template_in_use(info.chat_template, setting)
     if args.json:
         data = info_to_json(info)
+        data["chat_template_in_use"] = template
         if args.tensors:
             data["tensors"] = [
                 {"name": t.name, "type": t.ggml_type, "shape": list(t.shape), "n_bytes": t.n_bytes}
@@ -87,5 +126,5 @@ def run(args: argparse.Namespace) -> int:
             ]
         print(json.dumps(data, indent=2))
     else:
-        print(render(info, tensors=args.tensors))
+        print(render(info, tensors=args.tensors, template=template))
     return 0

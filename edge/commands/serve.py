@@ -41,6 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--drain-timeout", type=float, default=None, help="seconds running requests get on SIGTERM"
     )
+    p.add_argument(
+        "--chat-template", default=None, metavar="NAME|FILE",
+        help="replace the model's chat template: chatml, chatml-tools (adds tool calling), llama3, plain, "
+        "or a Jinja file",
+    )
+    p.add_argument("--embedding-model", default=None, metavar="MODEL",
+                   help="a second model for /v1/embeddings (default: the served model's own weights)")
     p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
     add_settings_args(p)
     p.set_defaults(func=run)
@@ -67,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         api_key_file=args.api_key_file,
         insecure=args.insecure,
         drain_timeout_s=args.drain_timeout,
+        chat_template=args.chat_template,
+        embedding_model=args.embedding_model,
     )
     api_key = bind_api_key(settings)
     choice = choose_model(args.model, settings)

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,16 +28,20 @@ from typing import Any
 from edge.clock import Clock, SystemClock
 from edge.config import Settings
 from edge.errors import ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
+from edge.runtime import chat_template as templates
 from edge.runtime import facade
+from edge.runtime.embed import EmbedJob, describe, prepare_inputs
 from edge.runtime.handle import RequestHandle
 from edge.runtime.mailbox import Mailbox
 from edge.runtime.model import LlamaModel
 from edge.runtime.residency import LoadSpec, Residency
 from edge.runtime.sampling import build_sampler, validate_sampling
-from edge.runtime.sequence import Sequence, StepPerf, empty_stats
+from edge.runtime.sequence import Sequence as Seq
+from edge.runtime.sequence import StepPerf, empty_stats
 from edge.runtime.slots import admission_key
 from edge.runtime.steploop import SampleHook, StepLoop
 from edge.runtime.types import (
+    MAX_TOP_LOGPROBS,
     CompletionResult,
     EngineState,
     EngineStats,
@@ -58,7 +62,8 @@ class Engine:
     `keep_alive_s` (default from settings; None: never) unloads the weights after that much
     idle time on `clock`; the next request reloads them (see `Residency`). `idle_poll_s` is
     how often (real time) an idle engine thread looks at that timer. `warmup` decodes one
-    token at load so the first request does not pay one-time costs.
+    token at load so the first request does not pay one-time costs. `chat_template` replaces
+    the model's template: a built-in name, a Jinja file or Jinja text (default: the setting).
     """
 
     def __init__(
@@ -79,12 +84,18 @@ class Engine:
         keep_alive_s: float | None = None,
         idle_poll_s: float = 1.0,
         warmup: bool = True,
+        embedding_model: str | Path | None = None,
     ) -> None:
         if settings is not None:
             keep_alive_s = keep_alive_s if keep_alive_s is not None else settings.keep_alive_s
             n_ctx = n_ctx if n_ctx is not None else settings.n_ctx
             n_slots, n_batch, kv_type = settings.slots, settings.n_batch, settings.kv_type
             n_threads = n_threads if n_threads is not None else settings.threads
+            chat_template = chat_template if chat_template is not None else settings.chat_template
+        # --- chat template choice (issue 15): NAME | FILE | text -> source; ConfigError if bad ---
+        self._template_choice = templates.resolve_chat_template(chat_template)
+        chat_template = self._template_choice.source if self._template_choice is not None else None
+        # --- end chat template choice ---
         self.model_path = str(model_path)
         self.model_name = Path(model_path).stem
         self.n_slots = n_slots
@@ -93,7 +104,8 @@ class Engine:
         self._clock = clock
         self._knobs = Knobs(active_limit=n_slots, n_threads=n_threads or max(1, os.cpu_count() or 1))
         spec = LoadSpec(self.model_path, n_ctx or 4096, n_batch, n_slots, kv_type, n_gpu_layers, warmup)
-        self.residency = Residency(spec, clock, keep_alive_s, idle_poll_s, chat_template)
+        self.residency = Residency(spec, clock, keep_alive_s, idle_poll_s, chat_template,
+                                   None if embedding_model is None else str(embedding_model))
         self._box = Mailbox(self._knobs)
         self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook)
         self._thread: threading.Thread | None = None
@@ -125,6 +137,14 @@ class Engine:
         kw.setdefault("n_batch", settings.n_batch)
         kw.setdefault("n_threads", settings.threads)
         kw.setdefault("keep_alive_s", settings.keep_alive_s)
+        kw.setdefault("chat_template", settings.chat_template)
+        if settings.embedding_model and "embedding_model" not in kw:
+            from edge.gguf import validate_gguf
+            from edge.store import resolve_model
+
+            embed_path = resolve_model(settings.embedding_model, settings)
+            validate_gguf(embed_path)  # llama.cpp never opens a file edge has not checked
+            kw["embedding_model"] = embed_path
         engine = cls(path, **kw)
         engine.plan = plan
         return engine
@@ -219,13 +239,24 @@ class Engine:
         t = self.residency.template
         return t is not None and not t.is_fallback
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    @property
+    def chat_template_info(self) -> templates.TemplateInfo | None:
+        """Which template renders chats (model, fallback, name, file) and its tool syntax and turn
+        markers; None until the model has been loaded once."""
+        t = self.residency.template
+        return None if t is None else templates.describe(t, self._template_choice)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         """Render with the model's template. The text starts with the BOS text exactly when the
-        model wants a BOS, so submit it with `add_bos=False` (a double BOS is removed anyway)."""
+        model wants a BOS, so submit it with `add_bos=False` (a double BOS is removed anyway).
+        `tools` (HF convention: [{"type": "function", "function": {...}}]) reaches the template
+        as its `tools` variable."""
         model = self._need_model()
         template = self.residency.template
         assert template is not None
-        text = template.render(messages, add_generation_prompt)
+        extra = {"tools": tools} if tools is not None else {}
+        text = template.render(messages, add_generation_prompt, **extra)
         bos = template.bos_token
         if model.add_bos and bos and not text.startswith(bos):
             text = bos + text
@@ -247,7 +278,7 @@ class Engine:
                 raise
         return seq.handle
 
-    def _sequence(self, request: GenerationRequest, on_start: Callable[[], None] | None) -> Sequence:
+    def _sequence(self, request: GenerationRequest, on_start: Callable[[], None] | None) -> Seq:
         state = self._box.state
         model = self._need_model()
         if state not in (EngineState.READY, EngineState.PAUSED, EngineState.UNLOADED, EngineState.LOADING):
@@ -267,11 +298,28 @@ class Engine:
             raise InvalidRequest(f"max_tokens must be >= 1, got {request.max_tokens}", param="max_tokens")
         if any(not isinstance(s, str) for s in request.stop):
             raise InvalidRequest("stop must be a list of strings", param="stop")
+        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
         validate_sampling(request.sampling, model.n_vocab)
         sampler = build_sampler(request.sampling, model.vocab, model.n_vocab)
         handle = RequestHandle(request.request_id or uuid.uuid4().hex, on_cancel=self._box.poke_cancel)
         key = admission_key(request.priority, next(self._arrival))
-        return Sequence(request, prompt, sampler, handle, key, self._clock.monotonic(), on_start)
+        return Seq(request, prompt, sampler, handle, key, self._clock.monotonic(), on_start)
+
+    def embed(self, inputs: Sequence[str | list[int]]) -> EmbedJob:
+        """L2-normalised embeddings of `inputs` (texts or token ids), computed on the engine
+        thread one batch per step: `job.future` resolves with one vector per input
+        (`job.n_tokens` counts the input tokens). Raises InvalidRequest / ContextOverflow here,
+        before anything is queued."""
+        with self.residency.lock:
+            job = EmbedJob(prepare_inputs(self.residency.embed_vocab(), inputs))
+            self._box.post_embed(job)
+        return job
+
+    def embedding_info(self) -> dict[str, Any]:
+        """The embeddings model, vector size and pooling (metadata only: nothing big is loaded)."""
+        with self.residency.lock:
+            return describe(self.residency.embed_vocab())
 
     def apply(self, knobs: Knobs) -> None:
         """New knobs, effective at the next step."""

@@ -22,11 +22,12 @@ from edge.runtime.types import (
     RequestHandleLike,
     SamplingParams,
     TokenEvent,
+    TokenLogprob,
     Usage,
 )
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
-_REQUEST_FIELDS = {"max_tokens", "stop", "priority", "request_id", "add_bos"}
+_REQUEST_FIELDS = {"max_tokens", "stop", "priority", "request_id", "add_bos", "logprobs"}
 
 
 def build_request(prompt: str | list[int], **kw: Any) -> GenerationRequest:
@@ -51,7 +52,13 @@ def complete(engine: EngineLike, prompt: str | list[int], **kw: Any) -> Completi
 def chat(engine: EngineLike, messages: list[dict[str, Any]], **kw: Any) -> CompletionResult:
     """Render `messages` with the model's chat template and complete the assistant turn."""
     kw.setdefault("add_bos", False)  # render_chat already wrote BOS text where the model wants it
-    return complete(engine, engine.render_chat(messages, add_generation_prompt=True), **kw)
+    prompt = engine.render_chat(messages, add_generation_prompt=True)
+    info = engine.chat_template_info
+    if info is not None and info.stop:  # a fallback template's turn markers end the turn
+        stop = kw.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        kw["stop"] = stop + tuple(s for s in info.stop if s not in stop)
+    return complete(engine, prompt, **kw)
 
 
 async def stream(engine: EngineLike, prompt: str | list[int], **kw: Any) -> AsyncIterator[TokenEvent]:
@@ -65,15 +72,16 @@ async def stream(engine: EngineLike, prompt: str | list[int], **kw: Any) -> Asyn
 def collect(handle: RequestHandleLike, t0: float) -> CompletionResult:
     """Read a handle to its end into a CompletionResult (raises the request's error)."""
     parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     ttft = -1.0
     for ev in handle:
         if ttft < 0:
             ttft = time.monotonic() - t0
         parts.append(ev.text)
+        logprobs.extend(ev.logprobs)
         if ev.finish_reason is not None:
             if ev.error is not None:
                 raise ev.error
-            return CompletionResult(
-                "".join(parts), ev.finish_reason, ev.usage or Usage(0, 0), ttft, time.monotonic() - t0
-            )
+            return CompletionResult("".join(parts), ev.finish_reason, ev.usage or Usage(0, 0), ttft,
+                                    time.monotonic() - t0, tuple(logprobs))
     return CompletionResult("".join(parts), FinishReason.CANCELLED, Usage(0, 0), ttft, time.monotonic() - t0)

@@ -26,6 +26,7 @@ from edge.errors import EngineStopped
 from edge.runtime.types import EngineState, Knobs, Priority
 
 if TYPE_CHECKING:
+    from edge.runtime.embed import EmbedJob
     from edge.runtime.sequence import Sequence
 
 ACCEPTING = frozenset({EngineState.READY, EngineState.PAUSED, EngineState.UNLOADED, EngineState.LOADING})
@@ -48,6 +49,7 @@ class Mail:
     """What the engine thread takes in one go."""
 
     new: list[Sequence] = field(default_factory=list)
+    embeds: list[EmbedJob] = field(default_factory=list)
     knobs: Knobs | None = None
     cancels: bool = False
     unload_waiters: list[UnloadWaiter] = field(default_factory=list)
@@ -60,6 +62,7 @@ class Mailbox:
     def __init__(self, knobs: Knobs) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._new: list[Sequence] = []
+        self._embeds: list[EmbedJob] = []
         self._knobs = knobs
         self._dirty = False
         self._cancels = False
@@ -91,6 +94,14 @@ class Mailbox:
             if self._state not in ACCEPTING:
                 raise EngineStopped(f"engine is {self._state.value}")
             self._new.append(seq)
+            self._wake()
+
+    def post_embed(self, job: EmbedJob) -> None:
+        """Queue an embeddings job; EngineStopped once the engine stops accepting."""
+        with self._cond:
+            if self._state not in ACCEPTING:
+                raise EngineStopped(f"engine is {self._state.value}")
+            self._embeds.append(job)
             self._wake()
 
     def set_knobs(self, knobs: Knobs) -> None:
@@ -138,16 +149,22 @@ class Mailbox:
         with self._cond:
             return len(self._new), sum(1 for s in self._new if s.request.priority is Priority.INTERACTIVE)
 
-    def take_new(self) -> list[Sequence]:
+    def pending_embeds(self) -> int:
+        with self._cond:
+            return len(self._embeds)
+
+    def take_new(self) -> tuple[list[Sequence], list[EmbedJob]]:
         """Everything posted so far (shutdown: the engine thread has stopped)."""
         with self._cond:
             new, self._new = self._new, []
-            return new
+            embeds, self._embeds = self._embeds, []
+            return new, embeds
 
     def quiet(self) -> bool:
         """Nothing posted and the engine serving (READY or PAUSED): it may unload."""
         with self._cond:
-            return not self._new and self._state in (EngineState.READY, EngineState.PAUSED)
+            serving = self._state in (EngineState.READY, EngineState.PAUSED)
+            return not self._new and not self._embeds and serving
 
     # --- engine thread --------------------------------------------------------------
     def take(self, runnable: bool, due: Callable[[], bool], wait_s: Callable[[], float | None]) -> Mail:
@@ -156,8 +173,9 @@ class Mailbox:
             while not self._dirty and not runnable and not due():
                 self._cond.wait(wait_s())
             self._dirty = False
-            mail = Mail(self._new, self._knobs, self._cancels, self._unload_waiters, self._stopping)
-            self._new, self._unload_waiters, self._cancels = [], [], False
+            mail = Mail(self._new, self._embeds, self._knobs, self._cancels, self._unload_waiters,
+                        self._stopping)
+            self._new, self._embeds, self._unload_waiters, self._cancels = [], [], [], False
             return mail
 
     def _wake(self) -> None:

@@ -75,6 +75,8 @@ class ContextConfig:
     # logits rows one batch may request; the engine asks for at most one per sequence, and the
     # logits buffer is n_outputs_max x n_vocab floats (512 MiB for a 262k vocabulary at 512)
     n_outputs_max: int | None = None  # None: n_seq_max
+    embeddings: bool = False  # an embeddings context (runtime/embed.py): pooled vectors, no logits
+    pooling: int | None = None  # llama_pooling_type for it (None: the model's own)
 
 
 def load_mode_for(use_mmap: bool | None) -> int:
@@ -229,6 +231,9 @@ class LlamaContext:
         p.n_threads_batch = cfg.n_threads_batch or cfg.n_threads
         p.kv_unified = True
         p.swa_full = cfg.swa_full
+        p.embeddings = cfg.embeddings
+        if cfg.pooling is not None:
+            p.pooling_type = cfg.pooling
         p.no_perf = True
         if cfg.kv_type not in KV_TYPES:
             known = ", ".join(sorted(KV_TYPES))

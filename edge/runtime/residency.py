@@ -30,6 +30,7 @@ from edge.clock import Clock
 from edge.errors import EngineStopped, ModelLoadError
 from edge.runtime.batch import Batch
 from edge.runtime.chat_template import ChatTemplate, load_template
+from edge.runtime.embed import Embedder
 from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
 log = logging.getLogger("edge.engine")
@@ -59,7 +60,8 @@ class Residency:
     """Owns `model`, `ctx`, the batch and the chat template; unloads and reloads them."""
 
     def __init__(self, spec: LoadSpec, clock: Clock, keep_alive_s: float | None,
-                 idle_poll_s: float = 1.0, template_override: str | None = None) -> None:
+                 idle_poll_s: float = 1.0, template_override: str | None = None,
+                 embed_model_path: str | None = None) -> None:
         self.spec = spec
         self.clock = clock
         self.keep_alive_s = keep_alive_s
@@ -73,6 +75,11 @@ class Residency:
         self._template_override = template_override
         self.n_ctx = spec.n_ctx  # per sequence, once loaded
         self.last_active_s = clock.monotonic()
+        # embeddings: a context over these weights, or over a second model named for embeddings
+        self.embed_model_path = embed_model_path
+        self.embedder: Embedder | None = None
+        self._embed_model: LlamaModel | None = None  # the second model's weights, when loaded
+        self._embed_vocab: LlamaModel | None = None  # its vocabulary, for tokenizing on any thread
 
     @property
     def loaded(self) -> bool:
@@ -129,8 +136,41 @@ class Residency:
             except Exception as exc:  # only an optimisation: the first request pays instead
                 log.warning("warm-up failed: %s", exc)
 
+    # --- embeddings -------------------------------------------------------------------
+    def embed_vocab(self) -> LlamaModel:
+        """The model whose tokenizer embedding inputs use (any thread; with the lock held)."""
+        if self.embed_model_path is None:
+            return self.need_model("unloaded")
+        if self._embed_vocab is None:
+            self._embed_vocab = LlamaModel(self.embed_model_path, vocab_only=True)
+        return self._embed_vocab
+
+    def get_embedder(self, n_threads: int) -> Embedder:
+        """The embeddings context, made on first use (engine thread; needs the weights loaded)."""
+        if self.embedder is None:
+            model = self.model
+            if self.embed_model_path is not None:
+                if self._embed_model is None:
+                    self._embed_model = LlamaModel(self.embed_model_path, n_gpu_layers=self.spec.n_gpu_layers)
+                model = self._embed_model
+            assert model is not None and not model.vocab_only
+            self.embedder = Embedder(model, n_threads)
+        return self.embedder
+
+    def release_embedder(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+            self.embedder = None
+        if self._embed_model is not None:
+            self._embed_model.close()
+            self._embed_model = None
+
     def release(self) -> None:
         """Free everything (engine stopped)."""
+        self.release_embedder()
+        if self._embed_vocab is not None:
+            self._embed_vocab.close()
+            self._embed_vocab = None
         if self.ctx is not None:
             if self.batch is not None:
                 self.batch.free()
@@ -171,6 +211,7 @@ class Residency:
         with self.lock:
             if not still_idle():
                 return False
+            self.release_embedder()  # it runs over the weights about to go
             full, ctx = self.model, self.ctx
             self.model, self.ctx = vocab, None
             if self.batch is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import llama_cpp
+import numpy as np
 
 from edge.errors import InvalidRequest
 from edge.runtime.types import SamplingParams
@@ -186,6 +187,26 @@ def build_sampler(p: SamplingParams, vocab: Any, n_vocab: int) -> Sampler:
     if p.grammar is not None and no_penalties:
         return GrammarFirstLast(p, vocab, n_vocab)
     return ChainSampler(build_chain(p, vocab, n_vocab))
+
+
+def token_logprobs(ctx: Any, idx: int, n_vocab: int, token: int,
+                   top_n: int) -> tuple[float, list[tuple[int, float]]]:
+    """Log probability of `token` from batch row `idx`'s raw logits, and the `top_n` best alternatives.
+
+    Only called for requests that ask (OpenAI `logprobs`): one log-softmax over the vocabulary
+    in float64, from the logits llama.cpp already holds (no copy of them is kept).
+    """
+    ptr = llama_cpp.llama_get_logits_ith(ctx, idx)
+    logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float64)
+    m = float(logits.max())
+    lse = m + math.log(float(np.exp(logits - m).sum()))
+    top: list[tuple[int, float]] = []
+    if top_n > 0:
+        k = min(top_n, n_vocab)
+        ids = np.argpartition(-logits, k - 1)[:k]
+        ids = ids[np.argsort(-logits[ids], kind="stable")]
+        top = [(int(i), float(logits[i] - lse)) for i in ids]
+    return float(logits[token] - lse), top
 
 
 def json_schema_to_grammar(schema: dict[str, Any] | str | None) -> str:

@@ -21,6 +21,7 @@ from edge.runtime.types import (
     GenerationRequest,
     Knobs,
     TokenEvent,
+    TokenLogprob,
     Usage,
 )
 
@@ -41,6 +42,7 @@ class Sequence:
         "n_unreported",
         "on_start",
         "out_idx",
+        "pending_logprobs",
         "pending_tok",
         "prompt",
         "request",
@@ -80,6 +82,7 @@ class Sequence:
         self.t_submit_s = t_submit_s
         self.t_first_s = -1.0
         self.wakeups: Wakeups | None = None  # the step loop's, once admitted: wake consumers per step
+        self.pending_logprobs: list[TokenLogprob] = []  # sampled, not yet in an event (when asked)
 
     @property
     def n_prompt_left(self) -> int:
@@ -96,14 +99,22 @@ class Sequence:
 
     def emit(self, text: str) -> None:
         if text:
-            self.handle._push(TokenEvent(text, self.n_unreported), self.wakeups)
+            event = TokenEvent(text, self.n_unreported, logprobs=self._take_logprobs())
+            self.handle._push(event, self.wakeups)
             self.n_unreported = 0
+
+    def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        if not self.pending_logprobs:
+            return ()
+        out, self.pending_logprobs = tuple(self.pending_logprobs), []
+        return out
 
     def finish(self, reason: FinishReason, error: Exception | None = None) -> None:
         """Send the final event (with any held-back text) and release the sampler chain."""
         tail = self.stream.finish() if reason in (FinishReason.STOP, FinishReason.LENGTH) else ""
         usage = Usage(len(self.prompt), self.n_gen, self.cached)
-        self.handle._push(TokenEvent(tail, self.n_unreported, reason, usage, error), self.wakeups)
+        self.handle._push(TokenEvent(tail, self.n_unreported, reason, usage, error, self._take_logprobs()),
+                          self.wakeups)
         self.n_unreported = 0
         if self.sampler is not None:
             self.sampler.free()

@@ -13,11 +13,14 @@ import heapq
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from edge.errors import DecodeFailed, EdgeError
 from edge.runtime.handle import Wakeups
+from edge.runtime.sampling import token_logprobs
 from edge.runtime.sequence import Sequence, StepPerf
 from edge.runtime.slots import (
     Chunk,
@@ -32,10 +35,11 @@ from edge.runtime.slots import (
     plan_batch,
     select_active,
 )
-from edge.runtime.types import EngineState, EngineStats, FinishReason, Knobs, Priority
+from edge.runtime.types import EngineState, EngineStats, FinishReason, Knobs, Priority, TokenLogprob
 
 if TYPE_CHECKING:
     from edge.clock import Clock
+    from edge.runtime.embed import EmbedJob
     from edge.runtime.mailbox import Mailbox, UnloadWaiter
     from edge.runtime.residency import Residency
     from edge.runtime.types import GenerationRequest
@@ -71,11 +75,15 @@ class StepLoop:
         self._totals = [0, 0, 0]  # decoded, prefilled, steps
         self.ready = threading.Event()  # set once the thread has warmed the context up
         self.wakeups = Wakeups()  # consumers' wake-ups, sent once per iteration
+        self.embeds: deque[EmbedJob] = deque()  # embedding jobs: one batch per iteration
+        self.embed_batches = 0
+        self.embed_inputs = 0
+        self.chat_steps_with_embed = 0  # decode steps that also ran an embedding batch (chat delayed)
 
     @property
     def idle(self) -> bool:
         """No waiting or admitted work (read from any thread: a racy but harmless snapshot)."""
-        return not (self.waiting or self.running)
+        return not (self.waiting or self.running or self.embeds)
 
     # --- the thread -----------------------------------------------------------------
     def run(self) -> None:
@@ -91,6 +99,7 @@ class StepLoop:
                 self.knobs = mail.knobs
             for seq in mail.new:
                 heapq.heappush(self.waiting, (seq.key, id(seq), seq))
+            self.embeds.extend(mail.embeds)
             busy = not self.idle
             t_step_s = self.clock.monotonic()  # not after the step: a caller may move a test clock
             try:
@@ -176,12 +185,44 @@ class StepLoop:
         self._freed = False
         step_s = self._step(knobs)
         self.wakeups.flush()  # before any duty-cycle pause: the tokens of this step go out now
-        self._runnable = bool(self.running) or (bool(self.waiting) and self._freed)
+        if self.embeds:
+            step_s += self._embed_batch(threads, beside_chat=step_s > 0)
+        self._runnable = bool(self.running) or (bool(self.waiting) and self._freed) or bool(self.embeds)
         if step_s > 0 and mixed:
             owed = self._off_owed_s - step_s if off_step else step_s * (1.0 - knobs.duty) / knobs.duty
             self._off_owed_s = max(0.0, owed)
         elif step_s > 0 and knobs.duty < 1.0:
             self.clock.sleep(step_s * (1.0 - knobs.duty) / knobs.duty)
+
+    def _embed_batch(self, threads: int, beside_chat: bool) -> float:
+        """One embedding batch (a burst of requests delays chat by one batch per step, not all of it)."""
+        t0 = time.perf_counter()
+        self.embeds = deque(j for j in self.embeds if not j.future.cancelled())  # the client went away
+        if not self.embeds:
+            return 0.0
+        try:
+            embedder = self.res.get_embedder(threads)
+            embedder.set_threads(threads)
+            done = embedder.run_batch(self.embeds, self.budget)
+        except Exception as exc:  # cannot make the context (memory): fail the waiting jobs, keep chat
+            log.warning("embeddings failed: %s", exc)
+            err = exc if isinstance(exc, EdgeError) else DecodeFailed(-1, f"embeddings failed: {exc}")
+            while self.embeds:
+                job = self.embeds.popleft()
+                if not job.future.done():
+                    job.future.set_exception(err)
+            return time.perf_counter() - t0
+        self.embed_batches += 1
+        self.embed_inputs += done
+        self.chat_steps_with_embed += 1 if beside_chat else 0
+        if self.stats is not None:  # counters only: the chat step's timings stay what they were
+            self.stats = replace(self.stats, embed_batches=self.embed_batches, embed_inputs=self.embed_inputs,
+                                 chat_steps_with_embed=self.chat_steps_with_embed)
+        while self.embeds and self.embeds[0].done:
+            job = self.embeds.popleft()
+            if not job.future.done():
+                job.future.set_result([v for v in job.vectors if v is not None])
+        return time.perf_counter() - t0
 
     def _reap_cancelled(self) -> None:
         for sid, seq in list(self.running.items()):
@@ -359,6 +400,8 @@ class StepLoop:
             if model.is_eog(tok):
                 self._end(seq, FinishReason.STOP)
                 return
+            if seq.request.logprobs is not None:
+                seq.pending_logprobs.append(self._logprob(ctx.ptr, seq, tok))
             text = seq.stream.feed(model.piece(tok))
             if seq.stream.stopped:
                 seq.emit(text)
@@ -373,6 +416,18 @@ class StepLoop:
             log.warning("request %s failed while sampling: %s", seq.handle.request_id, exc)
             err = exc if isinstance(exc, EdgeError) else DecodeFailed(-1, f"sampling failed: {exc}")
             self._fail(seq, err)
+
+    def _logprob(self, ctx_ptr: object, seq: Sequence, tok: int) -> TokenLogprob:
+        model = self.res.model
+        assert model is not None and seq.request.logprobs is not None
+        lp, top = token_logprobs(ctx_ptr, seq.out_idx, model.n_vocab, tok, seq.request.logprobs)
+
+        def piece(t: int) -> tuple[str, bytes]:
+            raw = model.piece(t)
+            return raw.decode("utf-8", "replace"), raw
+
+        text, raw = piece(tok)
+        return TokenLogprob(text, raw, lp, tuple((*piece(t), v) for t, v in top))
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
         self._finish(seq, reason, free_kv=False)
@@ -405,9 +460,14 @@ class StepLoop:
         self.running.clear()
         if running_only:
             return
-        for seq in [e[2] for e in self.waiting] + self.mailbox.take_new():
+        posted, posted_embeds = self.mailbox.take_new()
+        for seq in [e[2] for e in self.waiting] + posted:
             seq.finish(FinishReason.ERROR, err)
         self.waiting = []
+        for job in [*self.embeds, *posted_embeds]:
+            if not job.future.done():
+                job.future.set_exception(err)
+        self.embeds.clear()
 
     # --- stats ------------------------------------------------------------------------
     def publish(self, step_s: float, decode_s: float, n_dec: int, n_pre: int) -> None:
@@ -437,4 +497,7 @@ class StepLoop:
             last_progress_s=self.clock.monotonic(),
             interactive_awaiting_first=sum(1 for q in self.running.values()
                                            if q.request.priority is Priority.INTERACTIVE and q.n_gen == 0),
+            embed_batches=self.embed_batches,
+            embed_inputs=self.embed_inputs,
+            chat_steps_with_embed=self.chat_steps_with_embed,
         )

@@ -6,10 +6,14 @@ without touching the native library, and tests build these objects freely.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+import concurrent.futures
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from edge.runtime.chat_template import TemplateInfo
 
 
 class Priority(IntEnum):
@@ -75,6 +79,8 @@ class GenerationRequest:
     request_id: str = ""
     # Text prompts from chat templates already contain BOS text; the renderer sets this False.
     add_bos: bool = True
+    # log probabilities: None off (no cost); n >= 0: each token's own, plus its n most likely alternatives
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,19 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+MAX_TOP_LOGPROBS = 20  # as OpenAI
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability under the model (natural log, raw logits' softmax)."""
+
+    token: str  # its text (a partial UTF-8 sequence shows replacement characters; `bytes` is exact)
+    bytes: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...] = ()  # the most likely alternatives, best first
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     """A piece of output. The last event of a request has `finish_reason` set (and maybe empty text)."""
@@ -97,6 +116,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None  # set on the last event
     error: Exception | None = None  # set when finish_reason is ERROR
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens since the last event, when asked for
 
 
 @dataclass(frozen=True)
@@ -108,6 +128,7 @@ class CompletionResult:
     usage: Usage
     ttft_s: float  # submit -> first event
     total_s: float  # submit -> final event
+    logprobs: tuple[TokenLogprob, ...] = ()  # when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -145,6 +166,9 @@ class EngineStats:
     total_steps: int = 0
     last_progress_s: float = 0.0  # monotonic time of the last finished step (watchdog)
     interactive_awaiting_first: int = 0  # interactive sequences in a slot that have no token yet
+    embed_batches: int = 0  # embedding batches run (runtime/embed.py), cumulative
+    embed_inputs: int = 0  # inputs embedded, cumulative
+    chat_steps_with_embed: int = 0  # decode steps that also ran an embedding batch (chat delayed)
 
 
 class RequestHandleLike(Protocol):
@@ -162,6 +186,15 @@ class RequestHandleLike(Protocol):
     def done(self) -> bool: ...
 
 
+class EmbedJobLike(Protocol):
+    """What `embed` returns: a future of one L2-normalised vector (numpy float32) per input."""
+
+    future: concurrent.futures.Future[list[Any]]
+
+    @property
+    def n_tokens(self) -> int: ...
+
+
 class EngineLike(Protocol):
     """The engine as the API and the scheduler see it (fakes in tests implement this)."""
 
@@ -171,7 +204,11 @@ class EngineLike(Protocol):
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...  # any thread
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str: ...
+
+    @property
+    def chat_template_info(self) -> TemplateInfo | None: ...  # None until the model was loaded
 
     def submit(  # raises typed errors, never later
         self, request: GenerationRequest, on_start: Callable[[], None] | None = None
@@ -189,3 +226,7 @@ class EngineLike(Protocol):
     def stop(self, drain_timeout_s: float = 0.0) -> None: ...
 
     def unload(self, timeout_s: float | None = 60.0) -> bool: ...  # free weights if idle (else False)
+
+    def embed(self, inputs: Sequence[str | list[int]]) -> EmbedJobLike: ...  # raises typed errors
+
+    def embedding_info(self) -> dict[str, Any]: ...  # model, n_embd, pooling, max_input_tokens

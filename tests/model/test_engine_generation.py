@@ -138,3 +138,14 @@ def test_gemma_base_completion_without_template(gemma_path: Path) -> None:
         assert res.text.startswith(" 6, 7")
         assert res.usage.prompt_tokens == len(g.tokenize("1, 2, 3, 4, 5,"))
         assert g.model is not None and g.tokenize("x")[0] == g.model.bos_id  # base model wants BOS
+
+
+def test_chat_on_a_base_model_stops_at_the_fallback_turn_markers(gemma_path: Path) -> None:
+    """edge run / edge chat go through facade.chat: the plain fallback's turn markers end the turn
+    there too, so a base model does not write the user's next line itself."""
+    with Engine(gemma_path, n_ctx=512, n_slots=1, n_threads=2, n_batch=128) as g:
+        info = g.chat_template_info
+        assert info is not None and info.source == "fallback" and info.stop
+        out = g.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=64,
+                     temperature=0.0)
+        assert "User:" not in out.text and out.text.strip()

@@ -202,7 +202,8 @@ def test_default_client_params_are_accepted(client_engine: tuple[TestClient, Scr
     ("extra", "param"),
     [
         ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # needs logprobs: true (logprobs are supported now)
+        ({"logprobs": "yes"}, "logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"temperature": 3}, "temperature"),
