@@ -14,7 +14,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["edge", "edge.*"]),
     include_package_data=True,
-    package_data={"edge": ["py.typed", "api/static/*.html"]},  # the chat page served at /
+    # the chat page served at /; the default text of `edge eval` (public domain, see its README)
+    package_data={"edge": ["py.typed", "api/static/*.html", "data/eval/*.txt", "data/eval/*.md"]},
     install_requires=[
         "numpy>=1.24",
         # The low-level API (batch, memory, sampler chain) moves between releases:

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "doctor",
     "bench",
+    "eval", "quantize",
     "report",
     "sim",
 )
