@@ -48,7 +48,7 @@ class Memory:
     def poll(self, now_s: float) -> None:
         self.t = now_s
 
-    def latest(self) -> Reading:
+    def latest(self, now_s: float | None = None) -> Reading:
         return Reading(self.t, self.avail)
 
 
