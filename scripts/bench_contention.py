@@ -3,7 +3,8 @@
 
 For each neighbour (none, niced, equal priority) this starts the neighbour (a busy
 Python loop, ended here by PID), lets edge's scheduler see it for a few seconds,
-then measures, interleaved in the same minute:
+then measures in the same minute (edge first: the bare loops are busy processes too, and
+edge's scheduler would rightly see them as neighbours):
   * edge: single-stream decode over HTTP (1 / TPOT of streamed chat completions with
     the end tokens banned), the server started here on loopback by PID;
   * the bare llama_decode loop (edge/runtime/bare_loop.py, own process) with
@@ -107,14 +108,12 @@ def main() -> int:
         for kind in ("none", "niced", "equal"):
             cmd = neighbour_cmd(kind)
             with process(cmd) if cmd else _nothing():
-                time.sleep(8.0)  # the scheduler's contention stage holds 2 s; monitor at 1-2 Hz
-                edge, default, passive = [], [], []
-                for _ in range(a.reps):
-                    edge.append(http_decode(url, model_id, ban))
-                    default.append(bare(a.model, a.threads, {}))
-                    passive.append(bare(a.model, a.threads, {"OMP_WAIT_POLICY": "passive"}))
+                time.sleep(10.0)  # contention holds 2 s to drop and 5 s to restore; monitor at 1-2 Hz
+                edge = [http_decode(url, model_id, ban) for _ in range(a.reps)]
                 sched = httpx.get(url + "/v1/status").json().get("scheduler") or {}
                 threads = (sched.get("decision") or {}).get("knobs", {}).get("n_threads")
+                default = [bare(a.model, a.threads, {}) for _ in range(a.reps)]
+                passive = [bare(a.model, a.threads, {"OMP_WAIT_POLICY": "passive"}) for _ in range(a.reps)]
                 rows.append((kind, statistics.median(edge), statistics.median(default),
                              statistics.median(passive), threads, sched.get("cpu_contention")))
                 print(kind, [round(x, 1) for x in edge], [round(x, 1) for x in default],

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from edge.runtime.types import GenerationRequest
 
 log = logging.getLogger("edge.engine")
+EMBED_SHARE = 0.5  # of the engine's time embeddings may take while chat sequences run
 SampleHook = Callable[["GenerationRequest", int], int]  # (request, token) -> token; tests inject faults
 WaitEntry = tuple[tuple[int, int], int, Sequence]  # (admission key, tie-break, sequence)
 
@@ -79,6 +80,7 @@ class StepLoop:
         self.embed_batches = 0
         self.embed_inputs = 0
         self.chat_steps_with_embed = 0  # decode steps that also ran an embedding batch (chat delayed)
+        self._embed_owed_s = 0.0  # chat time owed before the next embedding batch beside chat
 
     @property
     def idle(self) -> bool:
@@ -186,13 +188,28 @@ class StepLoop:
         step_s = self._step(knobs)
         self.wakeups.flush()  # before any duty-cycle pause: the tokens of this step go out now
         if self.embeds:
-            step_s += self._embed_batch(threads, beside_chat=step_s > 0)
+            step_s += self._maybe_embed(threads, chat_s=step_s)
         self._runnable = bool(self.running) or (bool(self.waiting) and self._freed) or bool(self.embeds)
         if step_s > 0 and mixed:
             owed = self._off_owed_s - step_s if off_step else step_s * (1.0 - knobs.duty) / knobs.duty
             self._off_owed_s = max(0.0, owed)
         elif step_s > 0 and knobs.duty < 1.0:
             self.clock.sleep(step_s * (1.0 - knobs.duty) / knobs.duty)
+
+    def _maybe_embed(self, threads: int, chat_s: float) -> float:
+        """Beside running chat, embeddings get at most EMBED_SHARE of the engine's time: a batch
+        (about a prompt chunk's work) runs only once chat steps have had their share since the
+        last one, so a chat stalls one batch at a time and at most that often. Alone, they run
+        every step."""
+        if chat_s <= 0:
+            self._embed_owed_s = 0.0
+            return self._embed_batch(threads, beside_chat=False)
+        self._embed_owed_s -= chat_s
+        if self._embed_owed_s > 0:
+            return 0.0
+        embed_s = self._embed_batch(threads, beside_chat=True)
+        self._embed_owed_s = embed_s * (1.0 - EMBED_SHARE) / EMBED_SHARE
+        return embed_s
 
     def _embed_batch(self, threads: int, beside_chat: bool) -> float:
         """One embedding batch (a burst of requests delays chat by one batch per step, not all of it)."""
