@@ -266,10 +266,12 @@ class StepLoop:
         if not active:
             self.publish(0.0, 0.0, 0, 0)
             return 0.0
-        active_set = set(active)
+        run = [v for v in views if v.seq_id in set(active)]
         assert self.res.batch is not None
-        chunks = plan_batch([v for v in views if v.seq_id in active_set], self.res.batch.capacity,
-                            self.budget)
+        # the step budget bounds how long a prompt chunk stalls running streams; with none
+        # decoding there is nothing to stall, and one big batch evaluates a prompt fastest
+        budget = self.budget if any(v.n_prompt_left == 0 for v in run) else self.res.batch.capacity
+        chunks = plan_batch(run, self.res.batch.capacity, budget)
         self._sample_s = self._decode_s = 0.0
         chunks = self._decode(chunks)
         n_dec = n_pre = 0

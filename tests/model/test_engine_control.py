@@ -255,3 +255,14 @@ def test_stats_count_interactive_prompts_still_waiting_for_their_first_token(smo
     _until(lambda: smol.stats().interactive_awaiting_first == 0)  # ... and the count says so
     for _ in chat:
         pass
+
+
+def test_a_prompt_alone_is_not_chunked(smollm2_path: Path) -> None:
+    """The step budget bounds how long a prompt stalls running streams; with nothing decoding,
+    one batch (n_batch) evaluates the prompt fastest (TTFT of a lone request)."""
+    with Engine(smollm2_path, n_ctx=1024, n_slots=2, n_threads=1, step_token_budget=64, n_batch=512) as eng:
+        prompt = [100] * 300
+        eng.perf.reset()
+        out = eng.complete(prompt, max_tokens=1, temperature=0.0)
+        assert out.usage.prompt_tokens == 300 and eng.perf.n_prefilled == 300
+        assert eng.perf.steps == 1  # one step: 300 tokens in one batch, not five chunks of 64
