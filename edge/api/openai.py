@@ -52,7 +52,7 @@ from edge.api.schemas import ChatCompletionRequest, CompletionRequest, parse_bod
 from edge.api.state import ApiState
 from edge.api.tool_parse import call_deltas, call_json
 from edge.api.tools import ToolPlan, check_history, plan_tools, template_messages
-from edge.runtime.chat_template import TemplateInfo
+from edge.runtime.chat_template import TemplateInfo, with_turn_stops
 from edge.runtime.types import TokenLogprob, Usage
 
 router = APIRouter()
@@ -201,9 +201,7 @@ def _prepare_chat(
     else:
         prompt = st.engine.render_chat(messages)
     sampling = sampling_for(body, plan.grammar or grammar_for(body.response_format))
-    stop = body.stop_tuple()
-    if info is not None:  # a fallback or borrowed template's turn markers end the turn
-        stop += tuple(s for s in info.stop if s not in stop)
+    stop = with_turn_stops(body.stop_tuple(), info)
     job = prepare_job(st, prompt, add_bos=False, requested_max_tokens=body.requested_max_tokens(),
                       sampling=sampling, stop=stop, logprobs=body.logprobs_n())
     return job, plan

@@ -207,6 +207,15 @@ def exit_status(exc: Exception) -> int | None:
     return None
 
 
+def reported(exc: Exception) -> int:
+    """Print a bench/report error and return its exit status; re-raise one that is not ours."""
+    code = exit_status(exc)
+    if code is None:
+        raise exc
+    print(f"edge: error: {exc}", file=sys.stderr)
+    return code
+
+
 def run_http(args: argparse.Namespace) -> int:
     from edge.bench.errors import EXIT_OK, EXIT_REQUESTS_FAILED
     from edge.bench.table import render
@@ -216,11 +225,7 @@ def run_http(args: argparse.Namespace) -> int:
     try:
         doc = run_ladder(args, progress=sys.stderr.isatty() and not to_stdout)
     except EdgeError as exc:
-        code = exit_status(exc)
-        if code is None:
-            raise
-        print(f"edge: error: {exc}", file=sys.stderr)
-        return code
+        return reported(exc)
     table = render(doc)
     if to_stdout:
         print(json.dumps(doc, indent=2))

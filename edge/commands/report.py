@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from edge import __version__
-from edge.commands.bench import add_load_args, exit_status, run_ladder
+from edge.commands.bench import add_load_args, reported, run_ladder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -99,11 +99,7 @@ def run(args: argparse.Namespace) -> int:
             doc = run_ladder(args, progress=sys.stderr.isatty())
         model = _model_path(args, doc)
     except EdgeError as exc:
-        code = exit_status(exc)
-        if code is None:
-            raise
-        print(f"edge: error: {exc}", file=sys.stderr)
-        return code
+        return reported(exc)
     out = args.out or Path(f"edge-report-{today}")
     path = write(out, doc, collect_facts(args, doc, model), today)
     print(f"report written to {path}")

@@ -166,6 +166,14 @@ class TemplateInfo:
                 "tool_format": self.tool_format, "stop": list(self.stop)}
 
 
+def with_turn_stops(stop: tuple[str, ...], info: TemplateInfo | None) -> tuple[str, ...]:
+    """`stop` plus the template's own turn markers (a fallback or named template), so a model
+    does not go on to write the next turn itself; the one place API and facade both use."""
+    if info is None:
+        return stop
+    return stop + tuple(s for s in info.stop if s not in stop)
+
+
 def uses_tools(source: str) -> bool:
     """True when the template reads `tools` (HF convention), i.e. tool definitions reach the model."""
     try:

@@ -32,7 +32,7 @@ from edge.runtime import chat_template as templates
 from edge.runtime import facade
 from edge.runtime.embed import EmbedJob, describe, prepare_inputs
 from edge.runtime.handle import RequestHandle
-from edge.runtime.mailbox import Mailbox
+from edge.runtime.mailbox import ACCEPTING, Mailbox
 from edge.runtime.model import LlamaModel
 from edge.runtime.residency import LoadSpec, Residency
 from edge.runtime.sampling import build_sampler, validate_sampling
@@ -198,7 +198,7 @@ class Engine:
         self.stop()
 
     def _busy(self) -> bool:
-        return self._box.pending()[0] > 0 or not self._loop.idle
+        return self._box.pending()[0] > 0 or self._box.pending_embeds() > 0 or not self._loop.idle
 
     @property
     def state(self) -> EngineState:
@@ -281,7 +281,7 @@ class Engine:
     def _sequence(self, request: GenerationRequest, on_start: Callable[[], None] | None) -> Seq:
         state = self._box.state
         model = self._need_model()
-        if state not in (EngineState.READY, EngineState.PAUSED, EngineState.UNLOADED, EngineState.LOADING):
+        if state not in ACCEPTING:
             raise EngineStopped(f"engine is {state.value}")
         if isinstance(request.prompt, str):
             prompt = model.tokenize(request.prompt, add_bos=request.add_bos)

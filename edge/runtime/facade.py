@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from edge.errors import InvalidRequest
+from edge.runtime.chat_template import with_turn_stops
 from edge.runtime.types import (
     CompletionResult,
     EngineLike,
@@ -53,11 +54,8 @@ def chat(engine: EngineLike, messages: list[dict[str, Any]], **kw: Any) -> Compl
     """Render `messages` with the model's chat template and complete the assistant turn."""
     kw.setdefault("add_bos", False)  # render_chat already wrote BOS text where the model wants it
     prompt = engine.render_chat(messages, add_generation_prompt=True)
-    info = engine.chat_template_info
-    if info is not None and info.stop:  # a fallback template's turn markers end the turn
-        stop = kw.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
-        kw["stop"] = stop + tuple(s for s in info.stop if s not in stop)
+    stop = kw.get("stop") or ()
+    kw["stop"] = with_turn_stops((stop,) if isinstance(stop, str) else tuple(stop), engine.chat_template_info)
     return complete(engine, prompt, **kw)
 
 

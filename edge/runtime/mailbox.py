@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edge.errors import EngineStopped
 from edge.runtime.types import EngineState, Knobs, Priority
@@ -90,18 +90,17 @@ class Mailbox:
 
     def post(self, seq: Sequence) -> None:
         """Queue a sequence; EngineStopped (and nothing queued) once the engine stops accepting."""
-        with self._cond:
-            if self._state not in ACCEPTING:
-                raise EngineStopped(f"engine is {self._state.value}")
-            self._new.append(seq)
-            self._wake()
+        self._post(self._new, seq)
 
     def post_embed(self, job: EmbedJob) -> None:
         """Queue an embeddings job; EngineStopped once the engine stops accepting."""
+        self._post(self._embeds, job)
+
+    def _post(self, queue: list[Any], item: Any) -> None:
         with self._cond:
             if self._state not in ACCEPTING:
                 raise EngineStopped(f"engine is {self._state.value}")
-            self._embeds.append(job)
+            queue.append(item)
             self._wake()
 
     def set_knobs(self, knobs: Knobs) -> None:

@@ -266,7 +266,8 @@ class StepLoop:
         if not active:
             self.publish(0.0, 0.0, 0, 0)
             return 0.0
-        run = [v for v in views if v.seq_id in set(active)]
+        active_ids = set(active)
+        run = [v for v in views if v.seq_id in active_ids]
         assert self.res.batch is not None
         # the step budget bounds how long a prompt chunk stalls running streams; with none
         # decoding there is nothing to stall, and one big batch evaluates a prompt fastest
