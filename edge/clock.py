@@ -67,3 +67,26 @@ class ManualClock:
             if now_s < self._now_s:
                 raise ValueError(f"a monotonic clock cannot go back ({now_s} < {self._now_s})")
             self._now_s = float(now_s)
+
+
+class ScaledClock:
+    """Simulated time that runs `scale` times faster than `base`, for `sim:PROFILE@SCALE`.
+
+    The whole control loop (monitor, scheduler) runs on it so the controller sees
+    the device's dynamics exactly as on hardware, only compressed: its horizons,
+    rate limits and slope windows stay in device seconds. `sleep()` waits
+    `t_s / scale` of base time.
+    """
+
+    def __init__(self, scale: float, base: Clock | None = None) -> None:
+        if scale <= 0:
+            raise ValueError("scale must be positive")
+        self.scale = scale
+        self.base = base or SystemClock()
+        self._origin_s = self.base.monotonic()
+
+    def monotonic(self) -> float:
+        return self._origin_s + (self.base.monotonic() - self._origin_s) * self.scale
+
+    def sleep(self, t_s: float) -> None:
+        self.base.sleep(t_s / self.scale)

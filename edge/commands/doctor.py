@@ -21,7 +21,8 @@ from edge.commands._common import add_settings_args, settings_from_args
 from edge.config import load_profile
 from edge.errors import ConfigError
 from edge.probe import SystemFacts, probe_system, to_plain
-from edge.telemetry.detect import make_source, resolve
+from edge.service.telemetry import build_source
+from edge.telemetry.detect import resolve
 from edge.telemetry.sample import Sample
 
 GiB = float(1 << 30)
@@ -158,7 +159,7 @@ def _telemetry(
     try:
         choice = resolve(spec, root, sys_root, proc_root, system, machine)
         out.update(source=choice.kind, reason=choice.reason)
-        source = make_source(spec, sys_root, proc_root, root=root, system=system, machine=machine)
+        source = build_source(spec, sys_root, proc_root, root=root, system=system, machine=machine).source
         try:
             out["sample"] = _sample(source.read())
         finally:

@@ -22,6 +22,8 @@ from edge.runtime.types import EngineLike
 
 if TYPE_CHECKING:
     from edge.scheduler.loop import SchedulerLoop
+    from edge.sim.device import SimulatedSource
+    from edge.sim.throughput import ThroughputModel
     from edge.telemetry.monitor import TelemetrySource
 
 log = logging.getLogger(__name__)
@@ -137,38 +139,26 @@ def build_scheduler(
     from edge.scheduler.admission import Admission
     from edge.scheduler.loop import SchedulerLoop
     from edge.scheduler.state import config_for_device
-    from edge.telemetry.detect import source_from_settings
-    from edge.telemetry.monitor import Monitor
+    from edge.service.telemetry import BuiltSource, source_from_settings
+    from edge.sim.device import SimulatedSource
 
     spec = settings.telemetry.strip()
-    clock: Clock | None = None
-    scale = 1.0
     if source_factory is not None:
-        source = source_factory(settings)
-        clock = base_clock
-    elif spec.startswith("sim:"):
-        from edge.telemetry.simulated import ScaledClock, make_source, parse_sim_spec
-
-        sim = parse_sim_spec(spec)
-        scale = sim.time_scale
-        clock = ScaledClock(scale, base_clock) if scale != 1.0 else base_clock
-        source = make_source(sim.profile, clock=clock)
+        got = source_factory(settings)
+        built = BuiltSource(got, base_clock)
     else:
-        source = source_from_settings(settings, clock=base_clock)
-        clock = base_clock
-    sim_device = getattr(source, "device", None)
-    if sim_device is not None and hasattr(source, "load_provider"):
-        source.load_provider = engine.stats  # the engine's real work heats the simulated device
-    if settings.profile is None and sim_device is not None:
-        profile = sim_device.profile
-    else:
-        profile = device_profile(settings)
+        built = source_from_settings(settings, clock=base_clock)
+    source, clock, scale = built.source, built.clock, built.time_scale
+    sim = source if isinstance(source, SimulatedSource) else None
+    if sim is not None:
+        sim.load_provider = engine.stats  # the engine's real work heats the simulated device
+    profile = sim.device.profile if settings.profile is None and sim is not None else device_profile(settings)
     knobs = engine.stats().knobs
     plan = getattr(engine, "plan", None)  # the real engine's memory plan; absent on fakes
     footprint = 0
     if plan is not None and getattr(plan, "total_bytes", None) is not None:
         footprint = max(0, int(plan.total_bytes) - int(plan.reserve_bytes))
-    throughput = _calibration(settings, source)
+    throughput = _calibration(settings, sim)
     config = config_for_device(
         engine.n_slots, knobs.n_threads, profile, reserve_bytes=settings.memory_reserve_bytes,
         footprint_bytes=footprint,
@@ -195,15 +185,13 @@ def build_scheduler(
     return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, wait=wait)
 
 
-def _calibration(settings: Settings, source: Any) -> Any:
+def _calibration(settings: Settings, sim: SimulatedSource | None) -> ThroughputModel | None:
     """Measured decode figures for the ladder: the setting's, else a simulated device's own."""
     from edge.sim.throughput import load_throughput
 
-    name = getattr(settings, "calibration", None)
-    if name:
-        return load_throughput(name)  # ConfigError (exit 2) names the missing file
-    device = getattr(source, "device", None)
-    return getattr(device, "throughput", None)
+    if settings.calibration:
+        return load_throughput(settings.calibration)  # ConfigError (exit 2) names the missing file
+    return sim.device.throughput if sim is not None else None
 
 
 def plan_of(engine: EngineLike, path: Path, settings: Settings) -> Any:

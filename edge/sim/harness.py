@@ -34,7 +34,7 @@ from edge.sim.policies import ConstantPolicy, Policy, ThresholdPolicy
 from edge.sim.throughput import ThroughputModel
 from edge.sim.workloads import WORKLOADS, Client, SimRequest
 from edge.telemetry.monitor import Monitor
-from edge.telemetry.simulated import SimulatedDevice, SimulatedSource
+from edge.sim.device import SimulatedDevice, SimulatedSource
 
 SIM_LOG = logging.getLogger("edge.sim.scheduler")  # every decision change is logged at INFO:
 SIM_LOG.setLevel(logging.WARNING)  # in simulated time that is thousands a second, so warnings only

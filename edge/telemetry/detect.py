@@ -1,8 +1,9 @@
 """Pick the telemetry source `serve` will use, from `settings.telemetry`.
 
 auto: macOS -> macos, a Jetson -> jetson, other Linux -> linux, else none.
-`sim:PROFILE[@SCALE]` builds the simulated RC device (edge.telemetry.simulated);
-PROFILE is a name in configs/devices or a path to a profile .toml, SCALE
+`sim:PROFILE[@SCALE]` names the simulated RC device (built by `edge.sim.device`,
+which this package never imports: `edge.service.telemetry` maps every spec to a
+source); PROFILE is a name in configs/devices or a path to a profile .toml, SCALE
 compresses time (sim:jetson-orin-nano@30: 30 device seconds per wall second).
 `none` gives a source whose every reading is unknown, so the scheduler runs in
 its conservative mode rather than believing the device is cool.
@@ -60,8 +61,6 @@ def resolve(
     """Which source a spec means on this machine; raises ConfigError for an unknown spec."""
     spec = spec.strip()
     if spec.startswith("sim:"):
-        from edge.telemetry.simulated import parse_sim_spec
-
         sim = parse_sim_spec(spec)
         return SourceChoice(spec, "sim", sim.profile, "simulated device", sim.time_scale)
     if spec not in KINDS:
@@ -90,15 +89,13 @@ def make_source(
     system: Callable[[], str] = _platform.system,
     machine: Callable[[], str] = _platform.machine,
 ) -> TelemetrySource:
-    """Build the source for `spec` (settings.telemetry)."""
+    """Build the hardware source for `spec` (settings.telemetry); `sim:` specs are not sensors.
+
+    Raises ConfigError for a `sim:` spec: `edge.service.telemetry.build_source` handles every spec.
+    """
     choice = resolve(spec, root, sysfs_root, procfs_root, system, machine)
     if choice.kind == "sim":
-        from edge.telemetry.simulated import make_source as make_simulated
-
-        assert choice.profile is not None
-        if choice.time_scale != 1.0:
-            return make_simulated(choice.profile, clock=clock, time_scale=choice.time_scale)
-        return make_simulated(choice.profile, clock=clock)
+        raise ConfigError("telemetry", "a sim: spec names the simulated device, not a sensor source")
     if choice.kind == "jetson":
         from edge.telemetry.jetson import JetsonSource
 
@@ -114,11 +111,29 @@ def make_source(
     return NullSource(clock, reason=choice.reason or "telemetry disabled")
 
 
-def source_from_settings(settings: object, clock: Clock | None = None) -> TelemetrySource:
-    """`make_source` from an `edge.config.Settings` (telemetry, sysfs_root, procfs_root)."""
-    return make_source(
-        getattr(settings, "telemetry", "auto"),
-        getattr(settings, "sysfs_root", Path("/sys")),
-        getattr(settings, "procfs_root", Path("/proc")),
-        clock,
-    )
+@dataclass(frozen=True)
+class SimSpec:
+    """`sim:PROFILE[@SCALE]` parsed; PROFILE is a name in configs/devices or a path to a .toml file."""
+
+    profile: str
+    time_scale: float = 1.0
+
+
+def parse_sim_spec(spec: str) -> SimSpec:
+    """'sim:jetson-orin-nano@30' -> SimSpec('jetson-orin-nano', 30.0); raises ConfigError when malformed."""
+    body = spec.strip()
+    body = body[4:] if body.startswith("sim:") else body
+    profile, sep, scale_text = body.rpartition("@")
+    if not sep:
+        profile, scale_text = body, ""
+    if not profile:
+        raise ConfigError("telemetry", "sim: needs a profile, e.g. sim:jetson-orin-nano@30")
+    scale = 1.0
+    if sep:
+        try:
+            scale = float(scale_text)
+        except ValueError:
+            raise ConfigError("telemetry", f"time scale {scale_text!r} in {spec!r} is not a number") from None
+        if not 0 < scale <= 1000:
+            raise ConfigError("telemetry", f"time scale in {spec!r} must be in (0, 1000]")
+    return SimSpec(profile, scale)

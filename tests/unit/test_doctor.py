@@ -171,7 +171,7 @@ def test_sim_telemetry_is_delegated(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         made.append(profile)
         return SimSource()
 
-    monkeypatch.setattr("edge.telemetry.simulated.make_source", make_source)
+    monkeypatch.setattr("edge.sim.device.make_source", make_source)
     r = doctor.report(
         tmp_path, telemetry="sim:jetson-orin-nano", system=linux, machine=aarch64, backends=None
     )

@@ -12,8 +12,9 @@ from edge.errors import ConfigError
 from edge.runtime.types import EngineStats, Knobs
 from edge.scheduler.state import ThermalMode
 from edge.service.launch import build_scheduler
-from edge.telemetry.detect import resolve
-from edge.telemetry.simulated import ScaledClock, SimulatedSource, parse_sim_spec
+from edge.clock import ScaledClock
+from edge.sim.device import SimulatedSource
+from edge.telemetry.detect import parse_sim_spec, resolve
 from tests.fakes import ScriptedEngine
 
 HOT_PROFILE = """description = "test device: hot box that crosses its trip at full load"

@@ -15,7 +15,7 @@ from edge.scheduler.loop import FAST_INTERVAL_S, INTERVAL_S, SchedulerLoop
 from edge.scheduler.state import ControllerConfig, MemoryMode, ThermalMode
 from edge.sim.throughput import ThroughputModel
 from edge.telemetry.monitor import Monitor
-from edge.telemetry.simulated import SimulatedDevice, SimulatedSource
+from edge.sim.device import SimulatedDevice, SimulatedSource
 from tests.fakes import ScriptedEngine, engine_stats
 
 CFG = ControllerConfig(n_slots=2, max_threads=2, limit_c=99.0, reserve_bytes=1 << 30)

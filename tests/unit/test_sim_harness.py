@@ -212,7 +212,7 @@ def test_a_busy_neighbour_process_in_the_simulated_device(tp: ThroughputModel) -
     """The device reports the neighbour as CPU contention and heats with it; the modelled engine
     slows when its threads need the neighbour's core; edge decodes with the free core instead."""
     from edge.config import load_profile
-    from edge.telemetry.simulated import SimulatedDevice
+    from edge.sim.device import SimulatedDevice
 
     dev = SimulatedDevice(load_profile(PROFILE), tp)
     quiet = dev.sample(0.0)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from edge.clock import Clock, SystemClock
+from edge.clock import Clock, ScaledClock, SystemClock
 from edge.config import DeviceProfile, load_profile
 from edge.errors import ConfigError
 from edge.runtime.types import EngineState, EngineStats
@@ -333,57 +333,6 @@ class SimulatedSource:
 
     def close(self) -> None:
         """Nothing to release; present so every telemetry source can be closed alike."""
-
-
-class ScaledClock:
-    """Simulated time that runs `scale` times faster than `base`, for `sim:PROFILE@SCALE`.
-
-    The whole control loop (monitor, scheduler) runs on it so the controller sees
-    the device's dynamics exactly as on hardware, only compressed: its horizons,
-    rate limits and slope windows stay in device seconds. `sleep()` waits
-    `t_s / scale` of base time.
-    """
-
-    def __init__(self, scale: float, base: Clock | None = None) -> None:
-        if scale <= 0:
-            raise ValueError("scale must be positive")
-        self.scale = scale
-        self.base = base or SystemClock()
-        self._origin_s = self.base.monotonic()
-
-    def monotonic(self) -> float:
-        return self._origin_s + (self.base.monotonic() - self._origin_s) * self.scale
-
-    def sleep(self, t_s: float) -> None:
-        self.base.sleep(t_s / self.scale)
-
-
-@dataclass(frozen=True)
-class SimSpec:
-    """`sim:PROFILE[@SCALE]` parsed; PROFILE is a name in configs/devices or a path to a .toml file."""
-
-    profile: str
-    time_scale: float = 1.0
-
-
-def parse_sim_spec(spec: str) -> SimSpec:
-    """'sim:jetson-orin-nano@30' -> SimSpec('jetson-orin-nano', 30.0); raises ConfigError when malformed."""
-    body = spec.strip()
-    body = body[4:] if body.startswith("sim:") else body
-    profile, sep, scale_text = body.rpartition("@")
-    if not sep:
-        profile, scale_text = body, ""
-    if not profile:
-        raise ConfigError("telemetry", "sim: needs a profile, e.g. sim:jetson-orin-nano@30")
-    scale = 1.0
-    if sep:
-        try:
-            scale = float(scale_text)
-        except ValueError:
-            raise ConfigError("telemetry", f"time scale {scale_text!r} in {spec!r} is not a number") from None
-        if not 0 < scale <= 1000:
-            raise ConfigError("telemetry", f"time scale in {spec!r} must be in (0, 1000]")
-    return SimSpec(profile, scale)
 
 
 def load_sim_profile(ref: str) -> DeviceProfile:
