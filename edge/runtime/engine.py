@@ -31,6 +31,7 @@ from edge.errors import ContextOverflow, EngineStopped, InsufficientMemory, Inva
 from edge.runtime import chat_template as templates
 from edge.runtime import facade
 from edge.runtime.embed import EmbedJob, describe, prepare_inputs
+from edge.runtime.enginethread import EngineThread
 from edge.runtime.handle import RequestHandle
 from edge.runtime.mailbox import ACCEPTING, Mailbox
 from edge.runtime.model import LlamaModel
@@ -38,8 +39,8 @@ from edge.runtime.residency import LoadSpec, Residency
 from edge.runtime.sampling import build_sampler, validate_sampling
 from edge.runtime.sequence import Sequence as Seq
 from edge.runtime.sequence import StepPerf, empty_stats
-from edge.runtime.slots import admission_key
 from edge.runtime.steploop import SampleHook, StepLoop
+from edge.runtime.stepplan import N_BATCH, STEP_TOKEN_BUDGET, admission_key
 from edge.runtime.types import (
     MAX_TOP_LOGPROBS,
     CompletionResult,
@@ -74,10 +75,10 @@ class Engine:
         n_ctx: int | None = None,
         n_slots: int = 4,
         n_threads: int | None = None,
-        n_batch: int = 512,
+        n_batch: int = N_BATCH,
         kv_type: str = "f16",
         n_gpu_layers: int = 0,
-        step_token_budget: int = 256,
+        step_token_budget: int = STEP_TOKEN_BUDGET,
         chat_template: str | None = None,
         clock: Clock | None = None,
         sample_hook: SampleHook | None = None,
@@ -108,6 +109,7 @@ class Engine:
                                    None if embedding_model is None else str(embedding_model))
         self._box = Mailbox(self._knobs)
         self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook)
+        self._thread_body = EngineThread(self._box, self.residency, self._loop, clock)
         self._thread: threading.Thread | None = None
         self._arrival = itertools.count()
 
@@ -170,9 +172,9 @@ class Engine:
             return
         self.load()
         self._box.set_state(EngineState.PAUSED if self._knobs.paused else EngineState.READY)
-        self._thread = threading.Thread(target=self._loop.run, name="edge-engine", daemon=True)
+        self._thread = threading.Thread(target=self._thread_body.run, name="edge-engine", daemon=True)
         self._thread.start()
-        self._loop.ready.wait()
+        self._thread_body.ready.wait()
 
     def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Refuse new work; let running requests finish for up to `drain_timeout_s`; then fail

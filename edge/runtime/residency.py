@@ -56,8 +56,27 @@ class LoadSpec:
     warmup: bool = True  # decode once at load so the first request does not pay one-time costs
 
 
+@dataclass(frozen=True)
+class Live:
+    """What a step uses of the loaded model; valid on the engine thread until it unloads."""
+
+    model: LlamaModel
+    ctx: LlamaContext
+    batch: Batch
+    n_ctx_seq: int  # cells one sequence may hold
+
+    @property
+    def n_ctx(self) -> int:
+        """Cells in the whole context (every sequence together)."""
+        return self.ctx.n_ctx
+
+
 class Residency:
-    """Owns `model`, `ctx`, the batch and the chat template; unloads and reloads them."""
+    """Owns `model`, `ctx`, the batch and the chat template; unloads and reloads them.
+
+    The step loop reads the loaded model through `live` (one typed record, set when a model
+    is installed and cleared when it goes) and never touches the fields below.
+    """
 
     def __init__(self, spec: LoadSpec, clock: Clock, keep_alive_s: float | None,
                  idle_poll_s: float = 1.0, template_override: str | None = None,
@@ -80,6 +99,13 @@ class Residency:
         self.embedder: Embedder | None = None
         self._embed_model: LlamaModel | None = None  # the second model's weights, when loaded
         self._embed_vocab: LlamaModel | None = None  # its vocabulary, for tokenizing on any thread
+        self._live: Live | None = None
+
+    @property
+    def live(self) -> Live:
+        """The loaded model, context and batch (engine thread, while `loaded`)."""
+        assert self._live is not None, "no model loaded"
+        return self._live
 
     @property
     def loaded(self) -> bool:
@@ -127,6 +153,7 @@ class Residency:
             self.template = load_template(self._template_override or model.chat_template(),
                                           model.token_text(model.bos_id), model.token_text(model.eos_id))
         self.batch = Batch(ctx.n_batch)
+        self._live = Live(model, ctx, self.batch, self.n_ctx)
 
     def warm_up(self) -> None:
         """Decode once and forget it (engine thread; see `open`)."""
@@ -172,6 +199,7 @@ class Residency:
             self._embed_vocab.close()
             self._embed_vocab = None
         if self.ctx is not None:
+            self._live = None
             if self.batch is not None:
                 self.batch.free()
             self.ctx.close()
@@ -186,6 +214,10 @@ class Residency:
         """Work happened at `t_s` (default now): the keep-alive starts over."""
         now = self.clock.monotonic() if t_s is None else t_s
         self.last_active_s = max(self.last_active_s, now)
+
+    def restart_keep_alive(self) -> None:
+        """An unload that could not happen: the keep-alive starts over instead of retrying in a spin."""
+        self.last_active_s = self.clock.monotonic()
 
     def keep_alive_due(self, idle: bool) -> bool:
         ka = self.keep_alive_s
@@ -213,7 +245,7 @@ class Residency:
                 return False
             self.release_embedder()  # it runs over the weights about to go
             full, ctx = self.model, self.ctx
-            self.model, self.ctx = vocab, None
+            self.model, self.ctx, self._live = vocab, None, None
             if self.batch is not None:
                 self.batch.free()
                 self.batch = None

@@ -1,9 +1,10 @@
 """The engine thread: the step loop that owns all engine-thread state and reads the mailbox.
 
-Each step: take mail (new requests, knobs, cancels); admit waiting requests to
-idle slots with the longest cached prefix; split slot holders into active and
-parked; build one batch; decode (retrying without what cannot fit); sample each
-sequence and hand text over; publish an `EngineStats` snapshot. Nothing here is
+Each step: take mail (new requests, knobs, cancels); ask `stepplan.plan_step` what
+to do (admissions, evictions, active and parked sequences, the batch, threads);
+carry it out: trim KV, fill the batch, decode (retrying without what cannot fit),
+commit, sample each sequence and hand text over; publish an `EngineStats` snapshot.
+Every decision is in stepplan.py; this module only executes. Nothing here is
 touched by another thread except that snapshot (replaced whole, never mutated).
 """
 
@@ -11,41 +12,39 @@ from __future__ import annotations
 
 import heapq
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from edge.errors import DecodeFailed, EdgeError
+from edge.runtime.embedqueue import EmbedQueue
 from edge.runtime.handle import Wakeups
 from edge.runtime.sampling import token_logprobs
 from edge.runtime.sequence import Sequence, StepPerf
-from edge.runtime.slots import (
+from edge.runtime.stepplan import (
+    Admit,
     Chunk,
     SeqView,
     Slot,
     SlotState,
-    choose_slot,
-    eviction_order,
+    StepPlan,
+    StepView,
+    WaitView,
+    duty_after,
     kv_cells_held,
-    kv_cells_used,
-    may_admit,
-    plan_batch,
-    select_active,
+    plan_step,
 )
-from edge.runtime.types import EngineState, EngineStats, FinishReason, Knobs, Priority, TokenLogprob
+from edge.runtime.types import EngineStats, FinishReason, Priority, TokenLogprob
 
 if TYPE_CHECKING:
     from edge.clock import Clock
-    from edge.runtime.embed import EmbedJob
-    from edge.runtime.mailbox import Mailbox, UnloadWaiter
-    from edge.runtime.residency import Residency
+    from edge.runtime.batch import Batch
+    from edge.runtime.mailbox import Mail, Mailbox
+    from edge.runtime.residency import Live, Residency
     from edge.runtime.types import GenerationRequest
 
 log = logging.getLogger("edge.engine")
-EMBED_SHARE = 0.5  # of the engine's time embeddings may take while chat sequences run
 SampleHook = Callable[["GenerationRequest", int], int]  # (request, token) -> token; tests inject faults
 WaitEntry = tuple[tuple[int, int], int, Sequence]  # (admission key, tie-break, sequence)
 
@@ -69,177 +68,80 @@ class StepLoop:
         self.stats: EngineStats | None = None  # the published snapshot
         self._threads_now = self.knobs.n_threads
         self._step_no = 0
-        self._runnable = False  # the last step left something to run without new input
+        self.runnable = False  # the last step left something to run without new input
         self._freed = False  # a slot became idle during this step (waiting work may fit now)
         self._off_owed_s = 0.0  # off-duty stepping time owed (knobs.off_threads > 0, duty < 1)
         self._sample_s = self._decode_s = 0.0
         self._totals = [0, 0, 0]  # decoded, prefilled, steps
-        self.ready = threading.Event()  # set once the thread has warmed the context up
         self.wakeups = Wakeups()  # consumers' wake-ups, sent once per iteration
-        self.embeds: deque[EmbedJob] = deque()  # embedding jobs: one batch per iteration
-        self.embed_batches = 0
-        self.embed_inputs = 0
-        self.chat_steps_with_embed = 0  # decode steps that also ran an embedding batch (chat delayed)
-        self._embed_owed_s = 0.0  # chat time owed before the next embedding batch beside chat
+        self.embeds = EmbedQueue()  # embedding jobs: at most one batch per iteration
 
     @property
     def idle(self) -> bool:
         """No waiting or admitted work (read from any thread: a racy but harmless snapshot)."""
         return not (self.waiting or self.running or self.embeds)
 
-    # --- the thread -----------------------------------------------------------------
-    def run(self) -> None:
-        res = self.res
-        res.warm_up()  # on this thread: see Residency.open
-        self.ready.set()
-        while True:
-            # take() only consults the timer while no mail is pending, so `idle` is the whole story
-            mail = self.mailbox.take(self._runnable, lambda: res.keep_alive_due(self.idle), res.idle_wait_s)
-            if mail.stopping:
-                return
-            if mail.knobs is not None:
-                self.knobs = mail.knobs
-            for seq in mail.new:
-                heapq.heappush(self.waiting, (seq.key, id(seq), seq))
-            self.embeds.extend(mail.embeds)
-            busy = not self.idle
-            t_step_s = self.clock.monotonic()  # not after the step: a caller may move a test clock
-            try:
-                if not res.loaded and busy and not self._reload():
-                    self._settle_unloads(mail.unload_waiters)
-                    continue
-                if res.loaded:
-                    self._iteration(mail.cancels)
-                if busy or not self.idle:
-                    res.touch(t_step_s)
-                self._settle_unloads(mail.unload_waiters)
-            except Exception as exc:  # a bug: fail what was running, keep serving the rest
-                log.exception("engine step failed")
-                self.fail_all(DecodeFailed(-100, f"internal error: {exc}"), running_only=True)
-                self._runnable = bool(self.waiting)
-            finally:
-                self.wakeups.flush()
+    # --- what the engine thread (enginethread.py) drives -------------------------------
+    def take(self, mail: Mail) -> None:
+        """New work and knobs from the mailbox."""
+        if mail.knobs is not None:
+            self.knobs = mail.knobs
+        for seq in mail.new:
+            heapq.heappush(self.waiting, (seq.key, id(seq), seq))
+        self.embeds.extend(mail.embeds)
 
-    # --- residency ------------------------------------------------------------------
-    def _reload(self) -> bool:
-        """Reload for queued work; on failure fail it and stay UNLOADED (a later request retries)."""
-        self.mailbox.set_state(EngineState.LOADING)
-        err = self.res.reload(self.knobs.n_threads)
-        if err is not None:
-            self.mailbox.set_state(EngineState.UNLOADED)  # before the requests hear: they may retry
-            self.fail_all(err)
-            self.publish(0.0, 0.0, 0, 0)
-            return False
-        self._threads_now = self.knobs.n_threads  # the new context was made with them
-        self.mailbox.set_state(EngineState.PAUSED if self.knobs.paused else EngineState.READY)
-        self.publish(0.0, 0.0, 0, 0)
-        return True
+    def context_replaced(self) -> None:
+        """A new context was made (with the knobs' threads); the old one's KV went with it."""
+        self._threads_now = self.knobs.n_threads
+        self.forget_kv()
 
-    def _settle_unloads(self, waiters: list[UnloadWaiter]) -> None:
-        """After a step: honour unload requests and the keep-alive timer."""
-        res = self.res
-        if not waiters and not res.keep_alive_due(self.idle):
-            return
-        ok = not res.loaded or self._try_unload()
-        if not ok:  # busy or failed: the keep-alive starts over instead of retrying in a spin
-            res.last_active_s = self.clock.monotonic()
-        for w in waiters:
-            w.settle(ok)
-
-    def _try_unload(self) -> bool:
-        box = self.mailbox
-
-        def still_idle() -> bool:  # called under the residency lock, which every submit holds
-            return self.idle and box.quiet()
-
-        def unloaded() -> None:
-            for slot in self.slots:  # their KV went with the context
-                slot.tokens.clear()
-                slot.state = SlotState.IDLE
-            box.set_state(EngineState.UNLOADED)
-
-        if not self.res.try_unload(still_idle, unloaded):
-            return False
-        self.publish(0.0, 0.0, 0, 0)
-        return True
+    def forget_kv(self) -> None:
+        for slot in self.slots:
+            slot.tokens.clear()
+            slot.state = SlotState.IDLE
 
     # --- one iteration --------------------------------------------------------------
-    def _iteration(self, cancels: bool) -> None:
-        knobs = self.knobs
-        # duty < 1: after a step with n_threads, either idle for the rest of the cycle or, with
-        # off_threads, step with that many threads for as long (fewer threads decode more tokens
-        # per joule where decode is memory-bound; the scheduler picks this from measured figures)
-        mixed = knobs.off_threads > 0 and knobs.duty < 1.0
-        if not mixed:
-            self._off_owed_s = 0.0
-        off_step = mixed and self._off_owed_s > 0.0
-        threads = knobs.off_threads if off_step else knobs.n_threads
-        if threads != self._threads_now:
-            assert self.res.ctx is not None
-            self.res.ctx.set_threads(threads)
-            self._threads_now = threads
+    def iterate(self, cancels: bool) -> None:
+        """One step over the loaded context (cancels first, then the plan)."""
+        knobs, live = self.knobs, self.res.live
         if cancels:
             self._reap_cancelled()
-        if knobs.paused or knobs.active_limit == 0:
-            self._runnable = False
+        plan = plan_step(self._view(live), knobs)
+        if plan.threads != self._threads_now:
+            live.ctx.set_threads(plan.threads)
+            self._threads_now = plan.threads
+        if not plan.run:
+            self.runnable = False
+            self._off_owed_s = duty_after(knobs, plan.off_step, self._off_owed_s, 0.0).off_owed_s
             self.publish(0.0, 0.0, 0, 0)
             return
         self._freed = False
-        step_s = self._step(knobs)
+        step_s = self._step(live, plan)
         self.wakeups.flush()  # before any duty-cycle pause: the tokens of this step go out now
         if self.embeds:
-            step_s += self._maybe_embed(threads, chat_s=step_s)
-        self._runnable = bool(self.running) or (bool(self.waiting) and self._freed) or bool(self.embeds)
-        if step_s > 0 and mixed:
-            owed = self._off_owed_s - step_s if off_step else step_s * (1.0 - knobs.duty) / knobs.duty
-            self._off_owed_s = max(0.0, owed)
-        elif step_s > 0 and knobs.duty < 1.0:
-            self.clock.sleep(step_s * (1.0 - knobs.duty) / knobs.duty)
+            embed_s = self.embeds.maybe_run(self.res, plan.threads, step_s, self.budget)
+            if embed_s > 0 and self.stats is not None:  # counters only: the chat step's timings stand
+                self.stats = replace(self.stats, **self._embed_counts())
+            step_s += embed_s
+        self.runnable = bool(self.running) or (bool(self.waiting) and self._freed) or bool(self.embeds)
+        after = duty_after(knobs, plan.off_step, self._off_owed_s, step_s)
+        self._off_owed_s = after.off_owed_s
+        if after.sleep_s > 0:
+            self.clock.sleep(after.sleep_s)
 
-    def _maybe_embed(self, threads: int, chat_s: float) -> float:
-        """Beside running chat, embeddings get at most EMBED_SHARE of the engine's time: a batch
-        (about a prompt chunk's work) runs only once chat steps have had their share since the
-        last one, so a chat stalls one batch at a time and at most that often. Alone, they run
-        every step."""
-        if chat_s <= 0:
-            self._embed_owed_s = 0.0
-            return self._embed_batch(threads, beside_chat=False)
-        self._embed_owed_s -= chat_s
-        if self._embed_owed_s > 0:
-            return 0.0
-        embed_s = self._embed_batch(threads, beside_chat=True)
-        self._embed_owed_s = embed_s * (1.0 - EMBED_SHARE) / EMBED_SHARE
-        return embed_s
-
-    def _embed_batch(self, threads: int, beside_chat: bool) -> float:
-        """One embedding batch (a burst of requests delays chat by one batch per step, not all of it)."""
-        t0 = time.perf_counter()
-        self.embeds = deque(j for j in self.embeds if not j.future.cancelled())  # the client went away
-        if not self.embeds:
-            return 0.0
-        try:
-            embedder = self.res.get_embedder(threads)
-            embedder.set_threads(threads)
-            done = embedder.run_batch(self.embeds, self.budget)
-        except Exception as exc:  # cannot make the context (memory): fail the waiting jobs, keep chat
-            log.warning("embeddings failed: %s", exc)
-            err = exc if isinstance(exc, EdgeError) else DecodeFailed(-1, f"embeddings failed: {exc}")
-            while self.embeds:
-                job = self.embeds.popleft()
-                if not job.future.done():
-                    job.future.set_exception(err)
-            return time.perf_counter() - t0
-        self.embed_batches += 1
-        self.embed_inputs += done
-        self.chat_steps_with_embed += 1 if beside_chat else 0
-        if self.stats is not None:  # counters only: the chat step's timings stay what they were
-            self.stats = replace(self.stats, embed_batches=self.embed_batches, embed_inputs=self.embed_inputs,
-                                 chat_steps_with_embed=self.chat_steps_with_embed)
-        while self.embeds and self.embeds[0].done:
-            job = self.embeds.popleft()
-            if not job.future.done():
-                job.future.set_result([v for v in job.vectors if v is not None])
-        return time.perf_counter() - t0
+    def _view(self, live: Live, with_waiting: bool = True) -> StepView:
+        """The plain data `plan_step` decides from (the first waiting requests only: no more
+        than the idle slots can take)."""
+        n_idle = sum(1 for s in self.slots if s.state is SlotState.IDLE)
+        waiting: tuple[WaitView, ...] = ()
+        if with_waiting and n_idle and self.waiting:
+            wq = self.waiting
+            first = sorted(wq) if len(wq) <= n_idle else heapq.nsmallest(n_idle, wq)
+            waiting = tuple(WaitView(e[0], len(e[2].prompt), e[2].prompt) for e in first)
+        return StepView(
+            live.n_ctx, live.batch.capacity, self.budget, tuple(s.view() for s in self.slots),
+            tuple(SeqView(sid, q.key, q.n_prompt_left) for sid, q in self.running.items()),
+            waiting, self._off_owed_s)
 
     def _reap_cancelled(self) -> None:
         for sid, seq in list(self.running.items()):
@@ -256,25 +158,18 @@ class StepLoop:
             heapq.heapify(keep)
             self.waiting = keep
 
-    def _step(self, knobs: Knobs) -> float:
-        """One batch. Returns the step's wall time (0 when there was nothing to run)."""
+    def _step(self, live: Live, plan: StepPlan) -> float:
+        """Carry out one plan. Returns the step's wall time (0 when there was nothing to run)."""
         t0 = time.perf_counter()
         self._step_no += 1
-        self._admit(knobs)
-        views = [SeqView(sid, s.key, s.n_prompt_left) for sid, s in self.running.items()]
-        active, _parked = select_active(views, knobs.active_limit)
-        if not active:
+        if plan.admit and not self._admit(live, plan.admit):
+            # a cache could keep fewer tokens than planned: batch the prompts as they now stand
+            plan = plan_step(self._view(live, with_waiting=False), self.knobs)
+        if not plan.active:
             self.publish(0.0, 0.0, 0, 0)
             return 0.0
-        active_ids = set(active)
-        run = [v for v in views if v.seq_id in active_ids]
-        assert self.res.batch is not None
-        # the step budget bounds how long a prompt chunk stalls running streams; with none
-        # decoding there is nothing to stall, and one big batch evaluates a prompt fastest
-        budget = self.budget if any(v.n_prompt_left == 0 for v in run) else self.res.batch.capacity
-        chunks = plan_batch(run, self.res.batch.capacity, budget)
         self._sample_s = self._decode_s = 0.0
-        chunks = self._decode(chunks)
+        chunks = self._decode(live, list(plan.chunks))
         n_dec = n_pre = 0
         for ch in chunks:
             if ch.decode:
@@ -282,70 +177,52 @@ class StepLoop:
             else:
                 n_pre += ch.n
             if ch.wants_logits:
-                self._sample(self.running[ch.seq_id])
+                self._sample(live, self.running[ch.seq_id])
         step_s, decode_s = time.perf_counter() - t0, self._decode_s
         self.perf.add(step_s, decode_s, self._sample_s, n_dec, n_pre)
         self.publish(step_s, decode_s, n_dec, n_pre)
         return step_s
 
     # --- admission to slots -----------------------------------------------------------
-    def _admit(self, knobs: Knobs) -> None:
-        ctx = self.res.ctx
-        assert ctx is not None
-        while self.waiting:
-            key, _, seq = self.waiting[0]
-            if key[0] == Priority.BACKGROUND and not knobs.admit_background:
-                return  # heap order: everything behind it is background too
-            if not any(s.state is SlotState.IDLE for s in self.slots):
-                return
-            if not may_admit([s.key for s in self.running.values()], key, knobs.active_limit):
-                return
-            choice = choose_slot(self.slots, seq.prompt)
-            assert choice is not None
-            slot = self.slots[choice.seq_id]
-            n_keep = choice.n_reuse
-            need = len(seq.prompt) - n_keep + 1
-            free = ctx.n_ctx - kv_cells_used(self.slots) + (len(slot.tokens) - n_keep)
-            for sid in eviction_order(self.slots):
-                if free >= need:
-                    break
-                if sid != slot.seq_id:
-                    free += len(self.slots[sid].tokens)
-                    self._drop_kv(self.slots[sid])
-            if free < need and self.running:
-                return  # wait for running sequences to release KV
-            heapq.heappop(self.waiting)
-            n_keep = self._trim_slot(slot, n_keep)
+    def _admit(self, live: Live, admits: tuple[Admit, ...]) -> bool:
+        """Give the planned waiting requests their slots; False when a slot kept fewer cached
+        tokens than planned (the plan's prompt chunks are then stale)."""
+        as_planned = True
+        for a in admits:
+            key, _, seq = heapq.heappop(self.waiting)
+            assert key == a.key, "the plan admits in admission order"
+            for sid in a.evict:
+                self._drop_kv(live, self.slots[sid])
+            slot = self.slots[a.seq_id]
+            n_keep = self._trim_slot(live, slot, a.n_keep)
+            as_planned = as_planned and n_keep == a.n_keep
             slot.state = SlotState.PREFILL
             slot.last_used = self._step_no
             seq.seq_id, seq.n_done, seq.cached = slot.seq_id, n_keep, n_keep
             seq.wakeups = self.wakeups
             self.running[slot.seq_id] = seq
             seq.started()  # the request holds a slot now: admission stops counting it as waiting
+        return as_planned
 
-    def _trim_slot(self, slot: Slot, n_keep: int) -> int:
+    def _trim_slot(self, live: Live, slot: Slot, n_keep: int) -> int:
         """Remove the slot's KV beyond `n_keep`; fall back to a full clear when llama.cpp cannot
         remove a partial sequence or a sliding-window cache lost positions the tail needs."""
-        ctx, model = self.res.ctx, self.res.model
-        assert ctx is not None and model is not None
+        ctx, n_swa = live.ctx, live.model.n_swa
         if n_keep < len(slot.tokens) and not ctx.seq_rm(slot.seq_id, n_keep, -1):
             n_keep = 0
-        if n_keep > 0 and model.n_swa > 0 and ctx.seq_pos_min(slot.seq_id) > max(0, n_keep - model.n_swa):
+        if n_keep > 0 and n_swa > 0 and ctx.seq_pos_min(slot.seq_id) > max(0, n_keep - n_swa):
             n_keep = 0
         if n_keep == 0:
             ctx.seq_rm(slot.seq_id, -1, -1)
         del slot.tokens[n_keep:]
         return n_keep
 
-    def _drop_kv(self, slot: Slot) -> None:
-        assert self.res.ctx is not None
-        self.res.ctx.seq_rm(slot.seq_id, -1, -1)
+    def _drop_kv(self, live: Live, slot: Slot) -> None:
+        live.ctx.seq_rm(slot.seq_id, -1, -1)
         slot.tokens.clear()
 
     # --- decode ---------------------------------------------------------------------
-    def _fill(self, chunks: list[Chunk]) -> None:
-        batch = self.res.batch
-        assert batch is not None
+    def _fill(self, batch: Batch, chunks: list[Chunk]) -> None:
         batch.clear()
         for ch in chunks:
             seq = self.running[ch.seq_id]
@@ -357,17 +234,16 @@ class StepLoop:
                 if ch.wants_logits:
                     seq.out_idx = row
 
-    def _decode(self, chunks: list[Chunk]) -> list[Chunk]:
+    def _decode(self, live: Live, chunks: list[Chunk]) -> list[Chunk]:
         """llama_decode the planned chunks; returns those that made it into the KV cache.
 
         Status 1 (no KV room): first drop prompt chunks (they retry next step), then fail the
         most recently admitted decoding sequence, until the rest fits. Any other error fails
         exactly the sequences in the batch and clears their KV.
         """
-        ctx, batch = self.res.ctx, self.res.batch
-        assert ctx is not None and batch is not None
+        ctx, batch = live.ctx, live.batch
         while chunks:
-            self._fill(chunks)
+            self._fill(batch, chunks)
             td = time.perf_counter()
             rc = batch.decode(ctx.ptr)
             self._decode_s += time.perf_counter() - td
@@ -403,11 +279,11 @@ class StepLoop:
                     slot.state = SlotState.DECODE
 
     # --- sample and deliver -------------------------------------------------------------
-    def _sample(self, seq: Sequence) -> None:
+    def _sample(self, live: Live, seq: Sequence) -> None:
         """Sample one token for `seq` and hand its text over; errors fail this sequence only."""
         try:
-            ctx, model = self.res.ctx, self.res.model
-            assert ctx is not None and model is not None and seq.sampler is not None
+            ctx, model = live.ctx, live.model
+            assert seq.sampler is not None
             ts = time.perf_counter()
             tok = seq.sampler.sample(ctx.ptr, seq.out_idx)
             self._sample_s += time.perf_counter() - ts
@@ -421,12 +297,12 @@ class StepLoop:
                 self._end(seq, FinishReason.STOP)
                 return
             if seq.request.logprobs is not None:
-                seq.pending_logprobs.append(self._logprob(ctx.ptr, seq, tok))
+                seq.pending_logprobs.append(self._logprob(live, seq, tok))
             text = seq.stream.feed(model.piece(tok))
             if seq.stream.stopped:
                 seq.emit(text)
                 self._end(seq, FinishReason.STOP)
-            elif seq.n_gen >= seq.max_tokens or len(self.slots[seq.seq_id].tokens) >= self.res.n_ctx:
+            elif seq.n_gen >= seq.max_tokens or len(self.slots[seq.seq_id].tokens) >= live.n_ctx_seq:
                 seq.emit(text)
                 self._end(seq, FinishReason.LENGTH)
             else:
@@ -437,10 +313,10 @@ class StepLoop:
             err = exc if isinstance(exc, EdgeError) else DecodeFailed(-1, f"sampling failed: {exc}")
             self._fail(seq, err)
 
-    def _logprob(self, ctx_ptr: object, seq: Sequence, tok: int) -> TokenLogprob:
-        model = self.res.model
-        assert model is not None and seq.request.logprobs is not None
-        lp, top = token_logprobs(ctx_ptr, seq.out_idx, model.n_vocab, tok, seq.request.logprobs)
+    def _logprob(self, live: Live, seq: Sequence, tok: int) -> TokenLogprob:
+        model = live.model
+        assert seq.request.logprobs is not None
+        lp, top = token_logprobs(live.ctx.ptr, seq.out_idx, model.n_vocab, tok, seq.request.logprobs)
 
         def piece(t: int) -> tuple[str, bytes]:
             raw = model.piece(t)
@@ -470,8 +346,8 @@ class StepLoop:
                 slot.state = SlotState.IDLE
                 slot.last_used = self._step_no
                 self._freed = True
-                if free_kv and self.res.ctx is not None:
-                    self._drop_kv(slot)
+                if free_kv and self.res.loaded:
+                    self._drop_kv(self.res.live, slot)
 
     def fail_all(self, err: Exception, running_only: bool = False) -> None:
         """Fail running requests (and, unless `running_only`, waiting and posted ones too)."""
@@ -484,10 +360,7 @@ class StepLoop:
         for seq in [e[2] for e in self.waiting] + posted:
             seq.finish(FinishReason.ERROR, err)
         self.waiting = []
-        for job in [*self.embeds, *posted_embeds]:
-            if not job.future.done():
-                job.future.set_exception(err)
-        self.embeds.clear()
+        self.embeds.fail(err, posted_embeds)
 
     # --- stats ------------------------------------------------------------------------
     def publish(self, step_s: float, decode_s: float, n_dec: int, n_pre: int) -> None:
@@ -496,7 +369,7 @@ class StepLoop:
         self._totals[2] += 1 if step_s > 0 else 0
         knobs = self.knobs
         n_active = 0 if knobs.paused else min(len(self.running), knobs.active_limit)
-        ctx = self.res.ctx
+        n_ctx = self.res.live.n_ctx if self.res.loaded else 0
         self.stats = EngineStats(
             state=self.mailbox.state,
             step_time_s=step_s,
@@ -508,7 +381,7 @@ class StepLoop:
             waiting=len(self.waiting),
             waiting_interactive=sum(1 for e in self.waiting if e[0][0] == Priority.INTERACTIVE),
             kv_cells_used=kv_cells_held(self.slots),
-            kv_cells_total=ctx.n_ctx if ctx is not None else 0,
+            kv_cells_total=n_ctx,
             n_slots=self.n_slots,
             knobs=knobs,
             total_tokens_decoded=self._totals[0],
@@ -517,7 +390,9 @@ class StepLoop:
             last_progress_s=self.clock.monotonic(),
             interactive_awaiting_first=sum(1 for q in self.running.values()
                                            if q.request.priority is Priority.INTERACTIVE and q.n_gen == 0),
-            embed_batches=self.embed_batches,
-            embed_inputs=self.embed_inputs,
-            chat_steps_with_embed=self.chat_steps_with_embed,
+            **self._embed_counts(),
         )
+
+    def _embed_counts(self) -> dict[str, int]:
+        e = self.embeds
+        return {"embed_batches": e.batches, "embed_inputs": e.inputs, "chat_steps_with_embed": e.beside_chat}

@@ -1,18 +1,33 @@
-"""The engine as the harness models it: slots, priorities, chunked prefill, knobs, measured speed.
+"""The engine as the harness models it: the engine's own step plan, at measured speed.
 
-Each step spends `dt * duty * clock` seconds of compute. While prompts are
-pending, a batch holds a 128-token prompt chunk (interactive first) plus one
-token per decoding sequence, at the measured prefill rate; otherwise one shared
-decode batch runs at the measured aggregate rate for that many sequences and
-threads. Resident memory grows with the KV cells in use (pages of the KV buffer
-are committed when first written), which is what a memory hog competes with.
+Admission to slots, activation (active / parked) and the batch of every step come from
+`edge.runtime.stepplan.plan_step`, the function the real engine thread runs, over a view
+of the simulated requests (the simulator caches no prompts, so no prefix is reused).
+Each tick spends `dt * duty * clock` seconds of compute. A batch with prompt chunks runs
+at the measured prefill rate for its tokens; a decode-only batch at the measured aggregate
+rate for that many sequences and threads, repeated until a sequence finishes. Resident
+memory grows with the KV cells in use (pages of the KV buffer are committed when first
+written), which is what a memory hog competes with.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edge.runtime.stepplan import (
+    N_BATCH,
+    STEP_TOKEN_BUDGET,
+    SeqView,
+    SlotState,
+    SlotView,
+    StepPlan,
+    StepView,
+    WaitView,
+    admission_key,
+    plan_step,
+)
 from edge.runtime.types import EngineState, EngineStats, Knobs, Priority
 from edge.sim.throughput import ThroughputModel
 from edge.sim.workloads import SimRequest
@@ -22,7 +37,6 @@ from edge.sim.workloads import SimRequest
 CONTENDED_SPEED = 0.3
 RELOAD_S = 15.0  # time to restart and reload after the OOM killer took the engine
 RELOAD_WARM_S = 1.0  # reload after an unload (measured 0.66-0.69 s for SmolLM2-135M)
-PREFILL_CHUNK = 128  # prompt tokens per mixed step (bounds the stall other sequences see)
 
 
 @dataclass
@@ -94,9 +108,34 @@ class SimEngine:
             self.unloads += 1
         return True
 
-    def _active(self) -> list[SimRequest]:
-        order = sorted(self.slots, key=lambda r: (r.priority, r.rid))
-        return order[: max(0, self.knobs.active_limit)]
+    # --- the engine's step plan over the simulated requests --------------------------
+    def _view(self, with_waiting: bool = True) -> StepView:
+        by_slot = {r.seq_id: r for r in self.slots}
+        slots = tuple(self._slot_view(i, by_slot.get(i)) for i in range(self.n_slots))
+        running = tuple(SeqView(r.seq_id, _key(r), _prompt_left(r)) for r in self.slots)
+        n_idle = self.n_slots - len(self.slots) if with_waiting else 0
+        first = sorted(self.waiting, key=_key)[:n_idle] if n_idle else []
+        waiting = tuple(WaitView(_key(r), r.prompt_tokens) for r in first)
+        return StepView(self.kv_cells_total, N_BATCH, STEP_TOKEN_BUDGET, slots, running, waiting)
+
+    @staticmethod
+    def _slot_view(i: int, req: SimRequest | None) -> SlotView:
+        if req is None:
+            return SlotView(i)
+        state = SlotState.DECODE if _prompt_left(req) == 0 else SlotState.PREFILL
+        return SlotView(i, state, 0, req.kv_cells)
+
+    def _plan(self) -> StepPlan:
+        """Plan a step and carry out its admissions (as the engine thread does)."""
+        plan = plan_step(self._view(), self.knobs)
+        for a in plan.admit:
+            req = next(r for r in self.waiting if _key(r) == a.key)
+            self.waiting.remove(req)
+            req.seq_id = a.seq_id
+            self.slots.append(req)
+            if req.on_start is not None:
+                req.on_start()
+        return plan
 
     def stats(self) -> EngineStats:
         k = self.knobs
@@ -135,18 +174,8 @@ class SimEngine:
                 return res
             self.down_until_s = None
         k = self.knobs
-        # admit waiting requests into free slots, interactive first
-        self.waiting.sort(key=lambda r: (r.priority, r.rid))
-        for req in list(self.waiting):
-            if len(self.slots) >= self.n_slots:
-                break
-            if req.priority is Priority.BACKGROUND and not k.admit_background:
-                continue
-            self.waiting.remove(req)
-            self.slots.append(req)
-            if req.on_start is not None:
-                req.on_start()
-        active = [] if k.paused else self._active()
+        plan = self._plan()
+        active = [r for r in self.slots if r.seq_id in set(plan.active)]
         self.active_now = len(active)
         # compute time this step: `duty` of it at n_threads, the rest idle or at off_threads
         mixed = k.off_threads > 0 and k.duty < 1.0
@@ -188,33 +217,28 @@ class SimEngine:
 
     def _compute(self, active: list[SimRequest], threads: int, elapsed_s: float, end_s: float,
                  first_at: dict[int, float]) -> float:
-        """Advance the active requests with `threads` from compute time `elapsed_s` to `end_s`."""
-        # Chunked prefill, as a continuous-batching engine does it: a step holds a prompt
-        # chunk (interactive first) plus one token per decoding sequence; a step without
-        # prompts decodes at the measured aggregate rate for that many sequences.
+        """Advance the active requests with `threads` from compute time `elapsed_s` to `end_s`,
+        batch by batch as the engine's step plan composes them (admissions happen once a tick)."""
         prefill_tps = self.tp.prefill_tokens_per_s(threads)
+        by_slot = {r.seq_id: r for r in active}
         while end_s - elapsed_s > 1e-9:
-            decoding = [r for r in active if r.prefilled >= r.prompt_tokens and not r.done]
-            prefilling = [r for r in active if r.prefilled < r.prompt_tokens]
-            if any(r.priority is Priority.INTERACTIVE and r.first_token_s is None and id(r) not in first_at
-                   for r in active):
-                # an interactive request waits for its first token: no background prompt chunks meanwhile
-                prefilling = [r for r in prefilling if r.priority is Priority.INTERACTIVE]
-            if not decoding and not prefilling:
+            chunks = [c for c in plan_step(self._view(with_waiting=False), self.knobs).chunks
+                      if c.seq_id in by_slot and not by_slot[c.seq_id].done]
+            decoding = [by_slot[c.seq_id] for c in chunks if c.decode]
+            prompts = [(by_slot[c.seq_id], c.n) for c in chunks if not c.decode]
+            if not chunks:
                 break
             left_s = end_s - elapsed_s
-            if prefilling:
-                chunk = min(PREFILL_CHUNK, sum(r.prompt_tokens - r.prefilled for r in prefilling))
-                step_s = (chunk + len(decoding)) / prefill_tps
+            if prompts:
+                step_s = (sum(n for _, n in prompts) + len(decoding)) / prefill_tps
                 frac = min(1.0, left_s / step_s)
-                todo = chunk * frac
-                for req in prefilling:
-                    take = min(req.prompt_tokens - req.prefilled, todo)
-                    req.prefilled += take
-                    todo -= take
+                gain = {id(r): frac for r in decoding}
+                for req, n in prompts:
+                    req.prefilled = min(float(req.prompt_tokens), req.prefilled + n * frac)
                     if req.prompt_tokens - req.prefilled < 1e-6:
                         req.prefilled = float(req.prompt_tokens)
-                gain = {id(r): frac for r in decoding}
+                        decoding.append(req)  # the step that ends a prompt samples its first token
+                        gain[id(req)] = 1.0
                 span_s = step_s * frac
             else:
                 per_seq = self.tp.decode_tokens_per_s(len(decoding), threads) / len(decoding)
@@ -232,3 +256,11 @@ class SimEngine:
                     req.done = True
             elapsed_s += span_s
         return elapsed_s
+
+
+def _key(req: SimRequest) -> tuple[int, int]:
+    return admission_key(req.priority, req.rid)
+
+
+def _prompt_left(req: SimRequest) -> int:
+    return max(0, math.ceil(req.prompt_tokens - req.prefilled - 1e-6))

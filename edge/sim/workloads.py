@@ -32,6 +32,7 @@ class SimRequest:
     done: bool = False
     ticket: object | None = None
     on_start: Callable[[], None] | None = None  # admission's ticket.start, called when it takes a slot
+    seq_id: int = -1  # the engine slot it holds (-1: none)
 
     @property
     def kv_cells(self) -> int:

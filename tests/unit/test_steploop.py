@@ -1,0 +1,247 @@
+"""The step loop's execution, the mailbox and residency's keep-alive over fakes: no model.
+
+A fake context records every KV removal and a fake batch what was decoded, so these
+tests check what the loop *does* with a plan: trim a reused slot, drop evicted caches,
+retry a batch the cache cannot hold, free a cancelled sequence's cells.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edge.clock import ManualClock
+from edge.runtime.handle import RequestHandle
+from edge.runtime.mailbox import Mail, Mailbox
+from edge.runtime.residency import Live
+from edge.runtime.sequence import Sequence
+from edge.runtime.steploop import StepLoop
+from edge.runtime.stepplan import SlotState, admission_key
+from edge.runtime.types import EngineState, FinishReason, GenerationRequest, Knobs, Priority
+
+EOS = 2
+
+
+@dataclass
+class FakeCtx:
+    n_ctx: int = 64
+    ptr: object = None
+    removed: list[tuple[int, int, int]] = field(default_factory=list)
+    threads: list[int] = field(default_factory=list)
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
+        self.removed.append((seq_id, p0, p1))
+        return True
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return 0
+
+    def set_threads(self, n: int) -> None:
+        self.threads.append(n)
+
+
+class FakeModel:
+    n_swa = 0
+    n_vocab = 100
+
+    def is_eog(self, tok: int) -> bool:
+        return tok == EOS
+
+    def piece(self, tok: int) -> bytes:
+        return f"<{tok}>".encode()
+
+
+@dataclass
+class FakeBatch:
+    capacity: int = 32
+    rc: list[int] = field(default_factory=list)  # scripted llama_decode results (then 0)
+    rows: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, token, pos)
+    decoded: list[list[tuple[int, int, int]]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.rows = []
+
+    def add_token(self, seq_id: int, token: int, pos: int) -> int:
+        self.rows.append((seq_id, token, pos))
+        return len(self.rows) - 1
+
+    def add_prompt(self, seq_id: int, tokens: list[int], pos0: int, logits_last: bool) -> int:
+        self.rows.extend((seq_id, t, pos0 + j) for j, t in enumerate(tokens))
+        return len(self.rows) - 1
+
+    def decode(self, ctx_ptr: object) -> int:
+        rc = self.rc.pop(0) if self.rc else 0
+        if rc == 0:
+            self.decoded.append(list(self.rows))
+        return rc
+
+
+class FakeSampler:
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = list(tokens)
+        self.freed = False
+
+    def sample(self, ctx_ptr: object, idx: int) -> int:
+        return self.tokens.pop(0) if self.tokens else 7
+
+    def free(self) -> None:
+        self.freed = True
+
+
+class FakeResidency:
+    def __init__(self, ctx: FakeCtx, batch: FakeBatch) -> None:
+        self.live = Live(FakeModel(), ctx, batch, n_ctx_seq=ctx.n_ctx)  # type: ignore[arg-type]
+        self.loaded = True
+        self.touched = 0
+
+    def touch(self, t_s: float | None = None) -> None:
+        self.touched += 1
+
+
+def _loop(n_slots: int = 2, budget: int = 8, **kw: object) -> tuple[StepLoop, FakeCtx, FakeBatch]:
+    ctx, batch = FakeCtx(**kw), FakeBatch()  # type: ignore[arg-type]
+    box = Mailbox(Knobs(n_slots, 2))
+    box.set_state(EngineState.READY)
+    loop = StepLoop(box, FakeResidency(ctx, batch), ManualClock(), n_slots, budget)  # type: ignore[arg-type]
+    return loop, ctx, batch
+
+
+_arrival = iter(range(10_000))
+
+
+def _seq(prompt: list[int], out: list[int], max_tokens: int = 8,
+         priority: Priority = Priority.INTERACTIVE) -> Sequence:
+    req = GenerationRequest(prompt, max_tokens=max_tokens, priority=priority)
+    return Sequence(req, prompt, FakeSampler(out), RequestHandle("r"),  # type: ignore[arg-type]
+                    admission_key(priority, next(_arrival)), 0.0)
+
+
+def _submit(loop: StepLoop, *seqs: Sequence) -> None:
+    for s in seqs:
+        loop.mailbox.post(s)
+    loop.take(loop.mailbox.take(False, lambda: False, lambda: 0.0))
+
+
+def _run(loop: StepLoop, steps: int = 20) -> None:
+    for _ in range(steps):
+        if loop.idle:
+            return
+        loop.iterate(cancels=True)
+
+
+def test_a_request_runs_to_eos_and_its_slot_keeps_the_kv_as_a_prompt_cache() -> None:
+    loop, _ctx, batch = _loop()
+    seq = _seq([10, 11, 12], [5, 6, EOS])
+    _submit(loop, seq)
+    _run(loop)
+    assert batch.decoded[0] == [(0, 10, 0), (0, 11, 1), (0, 12, 2)]  # one prompt batch
+    assert batch.decoded[1] == [(0, 5, 3)] and batch.decoded[2] == [(0, 6, 4)]
+    assert loop.slots[0].tokens == [10, 11, 12, 5, 6] and loop.slots[0].state is SlotState.IDLE
+    events = list(seq.handle)
+    assert "".join(e.text for e in events) == "<5><6>" and events[-1].finish_reason is FinishReason.STOP
+    assert seq.sampler is None  # freed with the final event
+
+
+def test_a_second_turn_reuses_the_cached_prefix_and_trims_only_the_tail() -> None:
+    loop, ctx, batch = _loop()
+    _submit(loop, _seq([10, 11, 12], [5, EOS]))
+    _run(loop)
+    ctx.removed.clear()
+    _submit(loop, _seq([10, 11, 12, 5, 20, 21], [EOS]))
+    _run(loop)
+    assert ctx.removed == []  # the cache [10, 11, 12, 5] is a prefix: nothing to remove
+    assert batch.decoded[-1] == [(0, 20, 4), (0, 21, 5)]
+    _submit(loop, _seq([10, 11, 99], [EOS]))
+    _run(loop)
+    assert ctx.removed == [(0, 2, -1)]  # kept [10, 11]; the diverging tail went
+
+
+def test_a_full_batch_drops_prompt_chunks_first_then_fails_the_newest_decoder() -> None:
+    loop, _ctx, batch = _loop(n_slots=3, budget=16)
+    a, b = _seq([1, 3], [5, 5, 5, 5]), _seq([1, 4], [6, 6, 6, 6])
+    _submit(loop, a, b)
+    loop.iterate(cancels=False)  # both prompts in one batch
+    c = _seq([8, 8, 8], [EOS])
+    _submit(loop, c)
+    batch.rc = [1]  # no KV room for the batch with c's prompt: retried without it
+    loop.iterate(cancels=False)
+    assert [r[0] for r in batch.decoded[-1]] == [0, 1]
+    assert c.seq_id in loop.running and c.n_done == 0  # its prompt waits for the next step
+    batch.rc = [1, 1]  # decode tokens alone do not fit either: the newest admitted decoder fails
+    loop.iterate(cancels=False)
+    assert b.handle.cancel_requested is False and b.seq_id not in loop.running
+    assert list(b.handle)[-1].finish_reason is FinishReason.ERROR
+
+
+def test_a_cancel_frees_the_slot_and_its_kv_cells() -> None:
+    loop, ctx, _batch = _loop()
+    seq = _seq([10, 11], [5, 5, 5, 5, 5, 5], max_tokens=6)
+    _submit(loop, seq)
+    loop.iterate(cancels=False)
+    loop.iterate(cancels=False)
+    seq.handle.cancel()
+    loop.iterate(cancels=True)
+    assert loop.idle and loop.slots[0].tokens == [] and (0, -1, -1) in ctx.removed
+    assert loop.stats is not None and loop.stats.kv_cells_used == 0
+    assert list(seq.handle)[-1].finish_reason is FinishReason.CANCELLED
+
+
+def test_knobs_park_background_and_set_threads_at_the_next_step() -> None:
+    loop, ctx, batch = _loop(n_slots=2)
+    bg, chat = _seq([1], [5] * 8, priority=Priority.BACKGROUND), _seq([2], [6] * 8)
+    _submit(loop, bg, chat)
+    loop.iterate(cancels=False)
+    loop.take(Mail(knobs=Knobs(1, 1)))
+    loop.iterate(cancels=False)
+    assert [r[0] for r in batch.decoded[-1]] == [chat.seq_id]  # the background stream is parked
+    assert ctx.threads == [1]
+    assert loop.stats is not None and (loop.stats.active, loop.stats.parked) == (1, 1)
+
+
+def test_paused_knobs_run_nothing_and_publish_the_pause() -> None:
+    loop, _ctx, batch = _loop()
+    _submit(loop, _seq([1, 2], [EOS]))
+    loop.take(Mail(knobs=Knobs(1, 2, paused=True)))
+    loop.iterate(cancels=False)
+    assert batch.decoded == [] and not loop.runnable and len(loop.waiting) == 1
+
+
+class _TemplateModel(FakeModel):
+    vocab_only = False
+    bos_id, eos_id = 1, EOS
+
+    def chat_template(self) -> str | None:
+        return None
+
+    def token_text(self, tok: int) -> str:
+        return ""
+
+
+@dataclass
+class _Ctx(FakeCtx):
+    n_batch: int = 16
+    n_ctx_seq: int = 32
+
+
+def test_residency_keep_alive_runs_on_its_own_clock_and_starts_over_after_a_refused_unload() -> None:
+    from edge.runtime.residency import LoadSpec, Residency
+
+    clock = ManualClock()
+    res = Residency(LoadSpec("m.gguf", 64, 16, 2, "f16"), clock, keep_alive_s=30.0)
+    assert not res.loaded and not res.keep_alive_due(idle=True) and res.idle_wait_s() is None
+    res.install(_TemplateModel(), _Ctx())  # type: ignore[arg-type]
+    try:
+        assert res.live.n_ctx_seq == 32 and res.live.n_ctx == 64 and res.live.batch.capacity == 16
+        assert res.idle_wait_s() == 1.0
+        clock.sleep(29.0)
+        assert not res.keep_alive_due(idle=True)
+        clock.sleep(1.0)
+        assert res.keep_alive_due(idle=True) and not res.keep_alive_due(idle=False)
+        res.restart_keep_alive()
+        assert not res.keep_alive_due(idle=True)
+        res.touch(clock.monotonic() + 40.0)
+        clock.sleep(60.0)
+        assert not res.keep_alive_due(idle=True)  # due 30 s after the last work, whenever that was
+        clock.sleep(10.0)
+        assert res.keep_alive_due(idle=True)
+    finally:
+        res.live.batch.free()

@@ -1,0 +1,222 @@
+"""The engine thread's step plan (slot choice, eviction, activation, batch, threads, duty,
+embeddings share) as pure functions, without a model."""
+
+from __future__ import annotations
+
+from edge.runtime.stepplan import (
+    EMBED_SHARE,
+    SeqView,
+    Slot,
+    SlotState,
+    SlotView,
+    StepView,
+    WaitView,
+    admission_key,
+    choose_slot,
+    common_prefix_len,
+    duty_after,
+    embed_owed_after,
+    embed_turn,
+    eviction_order,
+    kv_cells_held,
+    kv_cells_used,
+    may_admit,
+    plan_batch,
+    plan_step,
+    select_active,
+)
+from edge.runtime.types import Knobs, Priority
+
+
+def test_common_prefix_len() -> None:
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([5, 6], [5, 6, 7]) == 2
+
+
+def test_choose_slot_prefers_longest_cached_prefix() -> None:
+    slots = [Slot(0, [9, 9, 9]), Slot(1, [1, 2, 3, 4, 5]), Slot(2, [1, 2])]
+    choice = choose_slot(slots, [1, 2, 3, 4, 7, 8])
+    assert choice is not None
+    assert (choice.seq_id, choice.n_reuse) == (1, 4)
+
+
+def test_choose_slot_always_reevaluates_last_prompt_token() -> None:
+    slots = [Slot(0, [1, 2, 3, 4])]
+    choice = choose_slot(slots, [1, 2, 3])  # prompt fully cached
+    assert choice is not None and choice.n_reuse == 2
+
+
+def test_choose_slot_skips_busy_slots_and_breaks_ties_by_lru() -> None:
+    busy = Slot(0, [1, 2, 3], SlotState.DECODE)
+    old = Slot(1, [7], last_used=3)
+    new = Slot(2, [8], last_used=9)
+    choice = choose_slot([busy, new, old], [1, 2, 3, 4])
+    assert choice is not None and choice.seq_id == 1 and choice.n_reuse == 0
+    assert choose_slot([busy], [1]) is None
+
+
+def test_select_active_prefers_interactive_then_fifo() -> None:
+    seqs = [
+        SeqView(0, admission_key(Priority.BACKGROUND, 0), 0),
+        SeqView(1, admission_key(Priority.INTERACTIVE, 5), 0),
+        SeqView(2, admission_key(Priority.INTERACTIVE, 2), 3),
+    ]
+    active, parked = select_active(seqs, 2)
+    assert active == [2, 1] and parked == [0]
+    assert select_active(seqs, 0) == ([], [2, 1, 0])
+
+
+def test_may_admit_only_when_it_would_run() -> None:
+    holders = [admission_key(Priority.BACKGROUND, 0)]
+    assert may_admit(holders, admission_key(Priority.INTERACTIVE, 9), 1)  # would preempt background
+    assert not may_admit(holders, admission_key(Priority.BACKGROUND, 9), 1)
+    assert may_admit(holders, admission_key(Priority.BACKGROUND, 9), 2)
+
+
+def test_plan_batch_decodes_first_then_chunks_prompts_within_budget() -> None:
+    seqs = [
+        SeqView(0, (0, 0), 0),  # decoding
+        SeqView(1, (0, 1), 300),  # long prompt
+        SeqView(2, (0, 2), 10),
+        SeqView(3, (0, 3), 0),
+    ]
+    chunks = plan_batch(seqs, n_batch=512, token_budget=128)
+    assert [(c.seq_id, c.n, c.decode) for c in chunks] == [(0, 1, True), (3, 1, True), (1, 126, False)]
+    assert not chunks[2].wants_logits  # the prompt is not finished: no logits yet
+    assert sum(c.n for c in chunks) == 128
+
+
+def test_plan_batch_last_chunk_wants_logits_and_respects_n_batch() -> None:
+    chunks = plan_batch([SeqView(0, (0, 0), 40), SeqView(1, (0, 1), 40)], n_batch=64, token_budget=1000)
+    assert [(c.seq_id, c.n, c.wants_logits) for c in chunks] == [(0, 40, True), (1, 24, False)]
+
+
+def test_plan_batch_never_starves_decoders_even_over_budget() -> None:
+    seqs = [SeqView(i, (0, i), 0) for i in range(6)]
+    chunks = plan_batch(seqs, n_batch=512, token_budget=2)
+    assert len(chunks) == 6 and all(c.decode and c.wants_logits for c in chunks)
+
+
+def test_kv_accounting_and_eviction_order() -> None:
+    slots = [
+        Slot(0, [1, 2, 3], last_used=5),
+        Slot(1, [4], SlotState.DECODE),
+        Slot(2, [5, 6], last_used=1),
+        Slot(3, []),
+    ]
+    assert kv_cells_used(slots) == 6
+    assert kv_cells_held(slots) == 1  # idle caches are reclaimable, not reported as used
+    assert eviction_order(slots) == [2, 0]
+
+
+# --- plan_step: the whole step as a pure function ----------------------------------------
+
+INT, BG = Priority.INTERACTIVE, Priority.BACKGROUND
+
+
+def _view(slots: list[SlotView], running: tuple[SeqView, ...] = (), waiting: tuple[WaitView, ...] = (),
+          n_ctx: int = 1000, budget: int = 64, capacity: int = 512, off_owed_s: float = 0.0) -> StepView:
+    return StepView(n_ctx, capacity, budget, tuple(slots), running, waiting, off_owed_s)
+
+
+def test_plan_admits_to_the_longest_cached_prefix_and_keeps_it() -> None:
+    slots = [SlotView(0, n_cells=3, tokens=[9, 9, 9], last_used=1),
+             SlotView(1, n_cells=4, tokens=[1, 2, 3, 4], last_used=2)]
+    plan = plan_step(_view(slots, waiting=(WaitView((0, 1), 6, [1, 2, 3, 4, 5, 6]),)), Knobs(2, 2))
+    assert [(a.seq_id, a.n_keep, a.evict) for a in plan.admit] == [(1, 4, ())]
+    assert plan.active == (1,)
+    assert [(c.seq_id, c.n, c.decode, c.wants_logits) for c in plan.chunks] == [(1, 2, False, True)]
+
+
+def test_a_full_cache_evicts_idle_prompt_caches_lru_first_only_as_far_as_needed() -> None:
+    slots = [SlotView(0, n_cells=300, tokens=[7] * 300, last_used=5),
+             SlotView(1, n_cells=300, tokens=[8] * 300, last_used=1),
+             SlotView(2, SlotState.DECODE, n_cells=300),
+             SlotView(3)]
+    running = (SeqView(2, (0, 0), 0),)
+    plan = plan_step(_view(slots, running, (WaitView((0, 9), 200),), n_ctx=1000), Knobs(4, 2))
+    (a,) = plan.admit
+    assert a.seq_id == 3 and a.n_keep == 0 and a.evict == (1,)  # 100 free + slot 1's 300 >= 201
+    assert set(plan.active) == {2, 3}
+
+
+def test_a_request_that_cannot_fit_beside_running_ones_waits_and_leaves_the_caches_alone() -> None:
+    slots = [SlotView(0, n_cells=100, tokens=[7] * 100), SlotView(1, SlotState.DECODE, n_cells=800),
+             SlotView(2)]
+    plan = plan_step(_view(slots, (SeqView(1, (0, 0), 0),), (WaitView((0, 9), 500),), n_ctx=1000),
+                     Knobs(3, 2))
+    assert plan.admit == () and plan.active == (1,)
+    # alone it is admitted anyway (the decode then reports the cache as full)
+    alone = plan_step(_view([SlotView(0)], waiting=(WaitView((0, 9), 5000),), n_ctx=1000), Knobs(1, 2))
+    assert [a.seq_id for a in alone.admit] == [0]
+
+
+def test_admission_stops_at_background_when_not_admitted_and_at_the_active_limit() -> None:
+    slots = [SlotView(i) for i in range(4)]
+    waiting = (WaitView((int(INT), 1), 10), WaitView((int(BG), 2), 10), WaitView((int(BG), 3), 10))
+    assert len(plan_step(_view(slots, waiting=waiting), Knobs(4, 2, admit_background=False)).admit) == 1
+    assert len(plan_step(_view(slots, waiting=waiting), Knobs(2, 2)).admit) == 2
+    for stopped in (Knobs(2, 2, paused=True), Knobs(0, 2)):
+        plan = plan_step(_view(slots, (SeqView(0, (0, 0), 0),), waiting), stopped)
+        assert not plan.run and plan.admit == () and plan.chunks == () and plan.parked == (0,)
+
+
+def test_a_lone_prompt_goes_in_one_batch_and_a_prompt_beside_streams_in_the_budget() -> None:
+    slots = [SlotView(0, SlotState.PREFILL), SlotView(1, SlotState.DECODE, n_cells=10)]
+    lone = plan_step(_view(slots, (SeqView(0, (0, 1), 300),), budget=64), Knobs(2, 2))
+    assert [(c.n, c.wants_logits) for c in lone.chunks] == [(300, True)] and lone.n_prefill == 300
+    beside = plan_step(_view(slots, (SeqView(0, (0, 1), 300), SeqView(1, (0, 0), 0)), budget=64), Knobs(2, 2))
+    assert beside.n_decode == 1 and beside.n_prefill == 63
+    assert [c.wants_logits for c in beside.chunks] == [True, False]
+
+
+def test_an_interactive_prompt_is_batched_without_background_prompts() -> None:
+    slots = [SlotView(i, SlotState.PREFILL) for i in range(3)]
+    running = (SeqView(0, (int(BG), 1), 40), SeqView(1, (int(INT), 5), 20), SeqView(2, (int(BG), 2), 0))
+    plan = plan_step(_view(slots, running, budget=256), Knobs(3, 2))
+    assert [(c.seq_id, c.decode) for c in plan.chunks] == [(2, True), (1, False)]
+    # once the interactive prompt is in, background prompts fill the budget again
+    done = (running[0], SeqView(1, (int(INT), 5), 0), running[2])
+    later = plan_step(_view(slots, done, budget=256), Knobs(3, 2))
+    assert (0, False) in [(c.seq_id, c.decode) for c in later.chunks]
+
+
+def test_parked_sequences_keep_their_slots_and_run_when_the_limit_rises() -> None:
+    slots = [SlotView(i, SlotState.DECODE, n_cells=5) for i in range(3)]
+    running = tuple(SeqView(i, (int(BG), i), 0) for i in range(3))
+    plan = plan_step(_view(slots, running), Knobs(1, 2))
+    assert plan.active == (0,) and plan.parked == (1, 2) and plan.n_decode == 1
+    assert plan_step(_view(slots, running), Knobs(3, 2)).n_decode == 3
+
+
+def test_threads_follow_the_knobs_and_off_duty_steps_pay_back_what_is_owed() -> None:
+    slots = [SlotView(0, SlotState.DECODE, n_cells=5)]
+    running = (SeqView(0, (0, 0), 0),)
+    assert plan_step(_view(slots, running), Knobs(1, 1)).threads == 1
+    mixed = Knobs(1, 2, duty=0.5, off_threads=1)
+    first = plan_step(_view(slots, running), mixed)
+    assert (first.threads, first.off_step) == (2, False)
+    owed = duty_after(mixed, first.off_step, 0.0, step_s=0.01).off_owed_s
+    assert owed == 0.01  # (1 - duty) / duty of the step
+    second = plan_step(_view(slots, running, off_owed_s=owed), mixed)
+    assert (second.threads, second.off_step) == (1, True)
+    assert duty_after(mixed, True, owed, step_s=0.004).off_owed_s == 0.006
+    # without off_threads, the rest of the cycle is a pause
+    assert duty_after(Knobs(1, 2, duty=0.25), False, 0.0, step_s=0.01).sleep_s == 0.03
+    assert duty_after(Knobs(1, 2), False, 0.0, step_s=0.01) == duty_after(Knobs(1, 2), False, 5.0, 0.0)
+
+
+def test_embeddings_take_at_most_their_share_beside_chat_and_every_step_alone() -> None:
+    alone = embed_turn(0.0, chat_s=0.0)
+    assert alone.run and not alone.beside_chat
+    embed_s, chat_s = 0.25, 0.0625  # binary fractions: the sums below are exact
+    owed, ran = embed_owed_after(embed_s), 0
+    assert owed == embed_s * (1 - EMBED_SHARE) / EMBED_SHARE
+    for _ in range(40):
+        t = embed_turn(owed, chat_s)
+        assert t.beside_chat
+        owed = embed_owed_after(embed_s) if t.run else t.owed_s
+        ran += t.run
+    assert ran == 10  # one batch per 4 chat steps: embeddings took 10 * 0.25 s of 5 s, their share
+    assert ran * embed_s / (ran * embed_s + 40 * chat_s) <= EMBED_SHARE
