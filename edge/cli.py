@@ -54,19 +54,21 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from edge.commands.exits import EXIT_INTERRUPTED, EXIT_USAGE, exit_status
+
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
     except EdgeError as exc:
         if os.environ.get("EDGE_DEBUG"):
             raise
         print(f"edge: error: {exc}", file=sys.stderr)
-        return 1
+        return exit_status(exc)
     except KeyboardInterrupt:
         print("edge: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,9 @@
 """Time as an injected dependency.
 
-Everything that waits or timestamps takes a `Clock`, so production uses the
-real monotonic clock while tests and the simulator use `ManualClock`, whose
-`sleep()` advances time instantly: no unit test ever sleeps on real time.
+What waits, and every timestamp a decision reads, takes a `Clock`, so production uses
+the real monotonic clock while tests and the simulator use `ManualClock`, whose
+`sleep()` advances time instantly: no unit test ever sleeps on real time. (Durations
+measured only for stats, such as a step's decode time, use `time.perf_counter`.)
 """
 
 from __future__ import annotations

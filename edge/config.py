@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -222,3 +223,14 @@ def load_profile(name: str, profiles_dir: Path = PROFILES_DIR) -> DeviceProfile:
         return DeviceProfile(name=name, **data)
     except TypeError as exc:
         raise ConfigError("profile", f"{path}: {exc}") from exc
+
+
+def resolve_profile(name: str | None, sysfs_root: Path | None = None, procfs_root: Path | None = None,
+                    detect: Callable[[], str] | None = None) -> DeviceProfile:
+    """The one place a device profile is chosen: `name`, else the one that fits the detected
+    platform (`detect` replaces the detection in tests). ConfigError names an unknown profile."""
+    if name is None:
+        from edge.platforms import detected_profile_name
+
+        name = detect() if detect is not None else detected_profile_name(sysfs_root, procfs_root)
+    return load_profile(name)

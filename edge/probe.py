@@ -13,13 +13,21 @@ from __future__ import annotations
 import math
 import os
 import platform as _platform
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from edge.platforms import (
+    PlatformInfo,
+    PlatformKind,
+    detect_platform,
+    detected_profile_name,
+    fs_roots,
+    profile_for,
+    read_device_model,
+)
 from edge.telemetry.linux import (
     CoolingDevice,
     CpuFreq,
@@ -40,90 +48,16 @@ from edge.telemetry.linux_memory import (
 )
 from edge.telemetry.readlog import Reader, ReadLog, read_file
 
-
-class PlatformKind(str, Enum):
-    JETSON = "jetson"
-    APPLE_SILICON = "apple-silicon"
-    MACOS_INTEL = "macos-intel"
-    RASPBERRY_PI = "raspberry-pi"
-    LINUX = "linux"
-    OTHER = "other"
-
-
-@dataclass(frozen=True)
-class PlatformInfo:
-    kind: PlatformKind
-    system: str  # platform.system(): "Linux", "Darwin", ...
-    machine: str  # platform.machine(): "aarch64", "arm64", "x86_64"
-    model: str | None  # device-tree model, e.g. "NVIDIA Jetson AGX Orin Developer Kit"
-    l4t_release: str | None = None  # from /etc/nv_tegra_release on a Jetson, e.g. "R36.4.0"
-
-
-def _roots(root: Path, sysfs_root: Path | None, procfs_root: Path | None) -> tuple[Path, Path]:
-    return sysfs_root or root / "sys", procfs_root or root / "proc"
-
-
-def read_device_model(
-    root: Path = Path("/"),
-    sysfs_root: Path | None = None,
-    procfs_root: Path | None = None,
-    reader: Reader = read_file,
-) -> str | None:
-    """Device-tree model string (trailing NUL removed); None on machines without a device tree."""
-    sys_root, proc_root = _roots(root, sysfs_root, procfs_root)
-    log = ReadLog(reader)
-    for path in (
-        proc_root / "device-tree" / "model",
-        sys_root / "firmware" / "devicetree" / "base" / "model",
-    ):
-        text = log.text(path, required=False)
-        if text:
-            return text
-    return None
-
-
-def detect_platform(
-    root: Path = Path("/"),
-    sysfs_root: Path | None = None,
-    procfs_root: Path | None = None,
-    system: Callable[[], str] = _platform.system,
-    machine: Callable[[], str] = _platform.machine,
-    reader: Reader = read_file,
-) -> PlatformInfo:
-    sys_name, arch = system(), machine()
-    if sys_name == "Darwin":
-        kind = PlatformKind.APPLE_SILICON if arch in ("arm64", "aarch64") else PlatformKind.MACOS_INTEL
-        return PlatformInfo(kind, sys_name, arch, None)
-    model = read_device_model(root, sysfs_root, procfs_root, reader)
-    l4t = ReadLog(reader).text(root / "etc" / "nv_tegra_release", required=False)
-    l4t_line = _l4t_version(l4t.splitlines()[0]) if l4t else None
-    low = (model or "").lower()
-    if "nvidia jetson" in low or "orin" in low or l4t_line:
-        kind = PlatformKind.JETSON
-    elif low.startswith("raspberry pi"):
-        kind = PlatformKind.RASPBERRY_PI
-    elif sys_name == "Linux":
-        kind = PlatformKind.LINUX
-    else:
-        kind = PlatformKind.OTHER
-    return PlatformInfo(kind, sys_name, arch, model, l4t_line)
-
-
-def _l4t_version(line: str) -> str:
-    """'# R36 (release), REVISION: 4.0, GCID: ...' -> 'R36.4.0' (the line itself if unparsable)."""
-    m = re.match(r"#\s*R(\d+)\b.*?REVISION:\s*([\d.]+)", line)
-    return f"R{m.group(1)}.{m.group(2).rstrip('.')}" if m else line.strip()
-
-
-def profile_for(info: PlatformInfo) -> str:
-    """The device profile (configs/devices/NAME.toml) that fits this platform."""
-    if info.kind is PlatformKind.JETSON:
-        return "jetson-orin-agx" if "agx" in (info.model or "").lower() else "jetson-orin-nano"
-    if info.kind is PlatformKind.APPLE_SILICON:
-        return "apple-silicon-laptop"
-    if info.kind is PlatformKind.RASPBERRY_PI:
-        return "raspberry-pi-5"
-    return "generic-x86-cpu"
+__all__ = [
+    "PlatformInfo",
+    "PlatformKind",
+    "SystemFacts",
+    "detect_platform",
+    "detected_profile_name",
+    "probe_system",
+    "profile_for",
+    "read_device_model",
+]
 
 
 # --- CPUs ---------------------------------------------------------------------------
@@ -143,7 +77,7 @@ def cpu_quota(
     reader: Reader = read_file,
 ) -> float | None:
     """CPUs' worth of time the cgroup may use (cpu.max / cfs quota), tightest up the tree."""
-    sys_root, proc_root = _roots(root, sysfs_root, procfs_root)
+    sys_root, proc_root = fs_roots(root, sysfs_root, procfs_root)
     log = ReadLog(reader)
     v2 = cgroup_v2_mount(sys_root)
     quotas: list[float] = []
@@ -194,7 +128,7 @@ def cpu_info(
     cpu_count: Callable[[], int | None] = os.cpu_count,
     affinity: Callable[[], int | None] = _affinity,
 ) -> CpuInfo:
-    sys_root, _ = _roots(root, sysfs_root, procfs_root)
+    sys_root, _ = fs_roots(root, sysfs_root, procfs_root)
     online = ReadLog(reader).text(sys_root / "devices" / "system" / "cpu" / "online", required=False)
     logical = (parse_cpu_list(online) if online else None) or cpu_count()
     usable = affinity()
@@ -222,7 +156,7 @@ def memory_info(
     reader: Reader = read_file,
     log: ReadLog | None = None,
 ) -> MemoryInfo:
-    sys_root, proc_root = _roots(root, sysfs_root, procfs_root)
+    sys_root, proc_root = fs_roots(root, sysfs_root, procfs_root)
     log = log or ReadLog(reader)
     meminfo = read_meminfo(proc_root, log)
     available = meminfo.get("MemAvailable")
@@ -287,12 +221,6 @@ class SystemFacts:
     errors: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _probe_backends() -> Any:
-    from edge.runtime.backend import probe_backends
-
-    return probe_backends()
-
-
 def probe_system(
     root: Path = Path("/"),
     sysfs_root: Path | None = None,
@@ -303,11 +231,11 @@ def probe_system(
     reader: Reader = read_file,
     cpu_count: Callable[[], int | None] = os.cpu_count,
     affinity: Callable[[], int | None] = _affinity,
-    backends: Callable[[], Any] | None = _probe_backends,
+    backends: Callable[[], Any] | None = None,  # edge.runtime.backend.probe_backends (doctor passes it)
     virtual_memory: Callable[[], Any] | None = None,
 ) -> SystemFacts:
     """Gather every static fact; each part is read on its own and may come back unknown."""
-    sys_root, proc_root = _roots(root, sysfs_root, procfs_root)
+    sys_root, proc_root = fs_roots(root, sysfs_root, procfs_root)
     log = ReadLog(reader)
     info = detect_platform(root, sys_root, proc_root, system, machine, reader)
     profile = profile_override or profile_for(info)

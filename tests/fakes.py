@@ -155,6 +155,7 @@ class ScriptedEngine:
     chat_template: bool = True
     fail_with: Exception | None = None  # every request ends with this error event
     template_info: Any = None  # what `chat_template_info` reports (a TemplateInfo); None: cannot say
+    plan: Any = None  # the memory plan it was sized by (a real engine's from_settings sets one)
 
     def __post_init__(self) -> None:
         self._state = EngineState.LOADING

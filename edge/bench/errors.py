@@ -1,20 +1,11 @@
-"""Typed errors of the load test, each with the exit status scripts rely on.
-
-`edge bench http` exits 2 for usage/config errors (bad spec, unreachable URL) and
-3 when a server it had to start did not come up; `edge.errors.ConfigError` covers
-the first kind where a setting is at fault.
-"""
+"""Typed errors of the load test; `edge.commands.exits` maps them to exit statuses
+(2 for an unreachable URL, 3 when a server it had to start did not come up)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from edge.errors import EdgeError, ErrorKind
-
-EXIT_OK = 0
-EXIT_REQUESTS_FAILED = 1  # the bench ran, but at least one request failed (see the table / JSON)
-EXIT_USAGE = 2
-EXIT_TARGET_START = 3
 
 
 @dataclass

@@ -183,7 +183,7 @@ def _end_tokens(args: argparse.Namespace, model_path: Path | None) -> tuple[int,
 
 
 def run_ladder(args: argparse.Namespace, *, progress: bool, launcher: Any = None) -> dict[str, Any]:
-    """The bench document for these flags (raises the typed errors `exit_status` maps)."""
+    """The bench document for these flags (raises the typed errors `commands.exits` maps)."""
     from edge.bench.runner import run_bench
 
     if not getattr(args, "verbose", False):  # one INFO line per request would bury the table
@@ -195,30 +195,22 @@ def run_ladder(args: argparse.Namespace, *, progress: bool, launcher: Any = None
     return run_bench(cfg, progress=progress, ready_timeout_s=args.ready_timeout, **kw)
 
 
-def exit_status(exc: Exception) -> int | None:
-    """2 for usage/config errors, 3 for a server that did not start; None: not ours to map."""
-    from edge.bench.errors import EXIT_TARGET_START, EXIT_USAGE, TargetStartFailed, TargetUnreachable
-    from edge.errors import ConfigError, InvalidGGUF, InvalidRequest, ModelNotFound
-
-    if isinstance(exc, TargetStartFailed):
-        return EXIT_TARGET_START
-    if isinstance(exc, (ConfigError, InvalidRequest, TargetUnreachable, ModelNotFound, InvalidGGUF)):
-        return EXIT_USAGE
-    return None
-
-
 def reported(exc: Exception) -> int:
     """Print a bench/report error and return its exit status; re-raise one that is not ours."""
-    code = exit_status(exc)
-    if code is None:
+    from edge.commands.exits import EXIT_FAILED, exit_status
+    from edge.errors import EdgeError
+
+    code = exit_status(exc) if isinstance(exc, EdgeError) else EXIT_FAILED
+    if code == EXIT_FAILED:
         raise exc
     print(f"edge: error: {exc}", file=sys.stderr)
     return code
 
 
 def run_http(args: argparse.Namespace) -> int:
-    from edge.bench.errors import EXIT_OK, EXIT_REQUESTS_FAILED
     from edge.bench.table import render
+    from edge.commands.exits import EXIT_FAILED as EXIT_REQUESTS_FAILED
+    from edge.commands.exits import EXIT_OK
     from edge.errors import EdgeError
 
     to_stdout = args.json_out == "-"

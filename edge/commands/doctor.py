@@ -40,6 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _probe_backends() -> Any:
+    from edge.runtime.backend import probe_backends
+
+    return probe_backends()
+
+
 def report(
     root: Path = Path("/"),
     sysfs_root: Path | None = None,
@@ -48,14 +54,12 @@ def report(
     telemetry: str = "auto",
     system: Callable[[], str] = _platform.system,
     machine: Callable[[], str] = _platform.machine,
-    backends: Callable[[], Any] | None = None,
+    backends: Callable[[], Any] | None = _probe_backends,
     **probe_kw: Any,
 ) -> dict[str, Any]:
-    """Everything doctor shows, as a JSON-ready dict with stable keys."""
+    """Everything doctor shows, as a JSON-ready dict with stable keys (`backends` None: not probed)."""
     sys_root, proc_root = sysfs_root or root / "sys", procfs_root or root / "proc"
-    kw: dict[str, Any] = dict(probe_kw)
-    if backends is not None:
-        kw["backends"] = backends
+    kw: dict[str, Any] = dict(probe_kw, backends=backends)
     facts = probe_system(root, sys_root, proc_root, profile, system, machine, **kw)
     errors = list(facts.errors)
     return {

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from edge.commands._common import add_settings_args, settings_from_args
-from edge.errors import ConfigError, InvalidGGUF, InvalidRequest, ModelNotFound
+from edge.commands.exits import EXIT_USAGE, USAGE_ERRORS
+from edge.errors import InvalidRequest
 
 DEFAULT_CTX = 512
 MIN_CTX = 16  # the smallest context edge's settings accept
 DEFAULT_TEXT_NAME = "public-domain-prose.txt"
-_INPUT_ERRORS = (InvalidRequest, ModelNotFound, InvalidGGUF, ConfigError)
+_INPUT_ERRORS = USAGE_ERRORS
 
 
 def default_text() -> Path:
@@ -194,6 +195,6 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
                               progress=err.isatty())
     except _INPUT_ERRORS as exc:
         print(f"edge eval: error: {exc}", file=err)
-        return 2
+        return EXIT_USAGE
     print(json.dumps(doc, indent=2) if args.json else render(doc), file=out)
     return 0

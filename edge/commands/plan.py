@@ -14,11 +14,12 @@ from typing import TypeVar
 
 from edge.commands._common import add_settings_args, parse_bytes, settings_from_args
 from edge.commands.inspect import resolve_model_path
-from edge.config import DeviceProfile, Settings, load_profile
+from edge.config import DeviceProfile, Settings, resolve_profile
 from edge.errors import InvalidRequest
 from edge.gguf import validate_gguf
 from edge.kvcache import KV_CACHE_TYPES, kv_type_problem
-from edge.planner import MemoryPlan, plan_memory
+from edge.planner import MemoryPlan
+from edge.runtime.loading import size_for
 
 T = TypeVar("T")
 
@@ -84,12 +85,6 @@ def _kv_type(text: str, param: str) -> str:
     return text
 
 
-def _detected_profile_name() -> str:
-    from edge.probe import detect_platform, profile_for
-
-    return profile_for(detect_platform())
-
-
 def _machine_available_bytes() -> int:
     try:
         from edge.probe import memory_available_bytes
@@ -109,7 +104,7 @@ def build_plan(
     settings: Settings,
     *,
     available_bytes: Callable[[], int] = _machine_available_bytes,
-    profile_name: Callable[[], str] = _detected_profile_name,
+    profile_name: Callable[[], str] | None = None,
 ) -> tuple[Path, MemoryPlan]:
     """(model path, plan) from CLI flags over settings over the device profile."""
     n_ctx = _opt(args.ctx, _positive_int, "ctx")
@@ -121,28 +116,12 @@ def build_plan(
     gpu_layers = _opt(args.gpu_layers, _gpu_layers, "gpu-layers")
     path = resolve_model_path(args.model, args)
     info = validate_gguf(path)
-    profile: DeviceProfile = load_profile(args.profile or settings.profile or profile_name())
-    if reserve is None:
-        reserve = settings.memory_reserve_bytes
-    if reserve is None:
-        reserve = profile.memory_reserve_bytes
-    if gpu_layers is None:
-        gpu_layers = settings.gpu_layers
-        if gpu_layers == "auto" and profile.gpu_layers != "auto":
-            gpu_layers = profile.gpu_layers
-    plan = plan_memory(
-        info,
-        n_ctx=n_ctx if n_ctx is not None else settings.n_ctx,
-        n_slots=n_slots if n_slots is not None else settings.slots,
-        kv_type=kv_type or settings.kv_type,
-        gpu_layers=gpu_layers,
-        available_bytes=memory if memory is not None else available_bytes(),
-        reserve_bytes=reserve,
-        unified_memory=profile.unified_memory,
-        gpu_available_bytes=gpu_memory,
-        n_batch=settings.n_batch,
-        n_ubatch=settings.n_batch,
-    )
+    profile: DeviceProfile = resolve_profile(args.profile or settings.profile, settings.sysfs_root,
+                                             settings.procfs_root, detect=profile_name)
+    flags = {"n_ctx": n_ctx, "slots": n_slots, "kv_type": kv_type, "memory_reserve_bytes": reserve,
+             "gpu_layers": gpu_layers}
+    sized = settings.model_copy(update={k: v for k, v in flags.items() if v is not None})
+    plan = size_for(info, sized, profile, memory if memory is not None else available_bytes(), gpu_memory)
     return path, plan
 
 

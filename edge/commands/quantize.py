@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from edge.commands._common import add_settings_args
+from edge.commands.exits import EXIT_USAGE
 from edge.errors import InvalidGGUF, InvalidRequest, ModelNotFound
 
 
@@ -48,6 +49,6 @@ def run(args: argparse.Namespace) -> int:
             quantize(src, dst, args.ftype, n_threads=args.threads, allow_requantize=args.allow_requantize)
     except (InvalidRequest, InvalidGGUF, ModelNotFound) as exc:
         print(f"edge quantize: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(f"wrote {dst} ({dst.stat().st_size / 2**20:.1f} MiB)")
     return 0

@@ -87,8 +87,9 @@ def collect_facts(args: argparse.Namespace, doc: dict[str, Any], model: Path | N
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge.bench.errors import EXIT_OK, EXIT_REQUESTS_FAILED
     from edge.bench.report import write
+    from edge.commands.exits import EXIT_FAILED as EXIT_REQUESTS_FAILED
+    from edge.commands.exits import EXIT_OK
     from edge.errors import EdgeError
 
     today = _dt.date.today().isoformat()

@@ -53,9 +53,23 @@ class Batch:
         self.n = i
         return i - 1
 
+    def add_all(self, seq_id: int, tokens: Sequence[int], pos0: int) -> int:
+        """Tokens at positions pos0.. with logits (or embeddings) for every one; returns the first row."""
+        first = self.n
+        self.add_prompt(seq_id, tokens, pos0, logits_last=True)
+        logits = self._logits
+        for i in range(first, self.n):
+            logits[i] = 1
+        return first
+
     def decode(self, ctx_ptr: object) -> int:
         self.raw.n_tokens = self.n
         return int(llama_cpp.llama_decode(ctx_ptr, self.raw))
+
+    def encode(self, ctx_ptr: object) -> int:
+        """llama_encode, for encoder-only models (embeddings)."""
+        self.raw.n_tokens = self.n
+        return int(llama_cpp.llama_encode(ctx_ptr, self.raw))
 
     def free(self) -> None:
         if not self._freed:

@@ -24,6 +24,7 @@ import llama_cpp as L
 import numpy as np
 
 from edge.errors import DecodeFailed
+from edge.runtime.batch import Batch
 from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "configs" / "throughput" / "cpu-2core-smollm2.json"
@@ -44,7 +45,7 @@ class _Context:
             raise
         self.ctx = self.lctx.ptr
         self.n_vocab = self.llm.n_vocab
-        self.batch = L.llama_batch_init(512, 0, n_seq)
+        self.batch = Batch(512)
 
     def tokenize(self, text: str) -> list[int]:
         return self.llm.tokenize(text, add_bos=True, parse_special=False)
@@ -52,11 +53,10 @@ class _Context:
     def decode(self, items: list[tuple[int, int, int, bool]]) -> None:
         """items: (token, pos, seq_id, wants_logits)."""
         b = self.batch
-        for i, (tok, pos, seq, logits) in enumerate(items):
-            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos, 1
-            b.seq_id[i][0], b.logits[i] = seq, logits
-        b.n_tokens = len(items)
-        rc = L.llama_decode(self.ctx, b)
+        b.clear()
+        for tok, pos, seq, logits in items:
+            b.add_prompt(seq, (tok,), pos, logits_last=logits)
+        rc = b.decode(self.ctx)
         if rc != 0:
             raise DecodeFailed(rc, "calibration batch")
 
@@ -68,7 +68,7 @@ class _Context:
         self.lctx.clear()
 
     def close(self) -> None:
-        L.llama_batch_free(self.batch)
+        self.batch.free()
         self.lctx.close()
         self.llm.close()
 

@@ -26,6 +26,7 @@ import llama_cpp
 import numpy as np
 
 from edge.errors import ContextOverflow, DecodeFailed, InvalidRequest
+from edge.runtime.batch import Batch
 from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
 BATCH_TOKENS = 2048  # the longest single input (one is embedded in one go: pooling sees it whole)
@@ -115,7 +116,7 @@ class Embedder:
         cfg = ContextConfig(n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=MAX_SEQS, n_threads=n_threads,
                             n_outputs_max=n, embeddings=True, pooling=self.pooling)
         self.ctx = LlamaContext(model, cfg)
-        self.batch = llama_cpp.llama_batch_init(n, 0, 1)
+        self.batch = Batch(n)
         self._encoder_only = bool(llama_cpp.llama_model_has_encoder(model.ptr)) and not bool(
             llama_cpp.llama_model_has_decoder(model.ptr))
 
@@ -142,16 +143,11 @@ class Embedder:
         if not picks:
             return 0
         b = self.batch
-        k = 0
+        b.clear()
         for s, (job, i) in enumerate(picks):
-            for pos, tok in enumerate(job.inputs[i]):
-                b.token[k], b.pos[k], b.n_seq_id[k] = tok, pos, 1
-                b.seq_id[k][0] = s
-                b.logits[k] = 1
-                k += 1
-        b.n_tokens = k
+            b.add_all(s, job.inputs[i], 0)
         self.ctx.clear()
-        rc = (llama_cpp.llama_encode if self._encoder_only else llama_cpp.llama_decode)(self.ctx.ptr, b)
+        rc = b.encode(self.ctx.ptr) if self._encoder_only else b.decode(self.ctx.ptr)
         if rc != 0:
             err = DecodeFailed(rc, "embedding batch failed")
             for job, _ in picks:
@@ -169,5 +165,5 @@ class Embedder:
         self.ctx.set_threads(n_threads)
 
     def close(self) -> None:
-        llama_cpp.llama_batch_free(self.batch)
+        self.batch.free()
         self.ctx.close()

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge.clock import Clock, SystemClock
 from edge.config import Settings
@@ -41,6 +41,10 @@ from edge.runtime.sequence import Sequence as Seq
 from edge.runtime.sequence import StepPerf, empty_stats
 from edge.runtime.steploop import SampleHook, StepLoop
 from edge.runtime.stepplan import N_BATCH, STEP_TOKEN_BUDGET, admission_key
+
+if TYPE_CHECKING:
+    from edge.planner import MemoryPlan
+
 from edge.runtime.types import (
     MAX_TOP_LOGPROBS,
     CompletionResult,
@@ -100,7 +104,7 @@ class Engine:
         self.model_path = str(model_path)
         self.model_name = Path(model_path).stem
         self.n_slots = n_slots
-        self.plan: Any = None  # the MemoryPlan when built by from_settings (shown by /v1/status)
+        self.plan: MemoryPlan | None = None  # set by from_settings (shown by /v1/status)
         clock = clock or SystemClock()
         self._clock = clock
         self._knobs = Knobs(active_limit=n_slots, n_threads=n_threads or max(1, os.cpu_count() or 1))

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from edge.config import DeviceProfile, Settings, load_profile
+from edge.config import DeviceProfile, Settings, resolve_profile
+
+if TYPE_CHECKING:
+    from edge.gguf.info import GGUFInfo
+    from edge.planner import MemoryPlan
 
 DEFAULT_RESERVE_BYTES = 512 << 20
 
@@ -20,13 +24,8 @@ DEFAULT_RESERVE_BYTES = 512 << 20
 def _profile(settings: Settings) -> DeviceProfile | None:
     from edge.errors import ConfigError
 
-    name = settings.profile
-    if name is None:
-        from edge.probe import detect_platform, profile_for
-
-        name = profile_for(detect_platform())
     try:
-        return load_profile(name)
+        return resolve_profile(settings.profile, settings.sysfs_root, settings.procfs_root)
     except ConfigError:
         return None
 
@@ -48,32 +47,39 @@ def plan_for(
     *,
     available_bytes: Callable[[], int] = _available_bytes,
     profile: Callable[[Settings], DeviceProfile | None] = _profile,
-) -> tuple[Path, Any]:
+) -> tuple[Path, MemoryPlan]:
     """(validated path, MemoryPlan). Raises ModelNotFound, InvalidGGUF."""
     from edge.gguf import validate_gguf
-    from edge.planner import plan_memory
     from edge.store import resolve_model
 
     path = resolve_model(str(model_ref), settings)
-    info = validate_gguf(path)
-    prof = profile(settings)
+    plan = size_for(validate_gguf(path), settings, profile(settings), available_bytes())
+    return Path(path), plan
+
+
+def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, available_bytes: int,
+             gpu_available_bytes: int | None = None) -> MemoryPlan:
+    """The one settings-to-engine sizing: what the engine is built with and what `edge plan`
+    prints. The reserve and GPU layers fall back to the device profile's."""
+    from edge.planner import plan_memory
+
     reserve = settings.memory_reserve_bytes
     if reserve is None:
         reserve = prof.memory_reserve_bytes if prof is not None else DEFAULT_RESERVE_BYTES
     gpu_layers: int | str = settings.gpu_layers
     if gpu_layers == "auto" and prof is not None:
         gpu_layers = prof.gpu_layers
-    plan = plan_memory(
+    return plan_memory(
         info,
         n_ctx=settings.n_ctx,
         n_slots=settings.slots,
         kv_type=settings.kv_type,
         gpu_layers=gpu_layers,
-        available_bytes=available_bytes(),
+        available_bytes=available_bytes,
         reserve_bytes=reserve,
         unified_memory=prof.unified_memory if prof is not None else False,
+        gpu_available_bytes=gpu_available_bytes,
         n_batch=settings.n_batch,
         n_ubatch=settings.n_batch,
         n_outputs_max=settings.slots,  # the engine requests one logits row per sequence
     )
-    return Path(path), plan

@@ -1,10 +1,12 @@
-"""The one place other threads and the engine thread meet: new work, knobs, cancels, state.
+"""Where other threads hand the engine thread new work, knobs, cancels and unload requests.
 
-Every cross-thread hand-off goes through `Mailbox` under one lock, so the step
-loop (`steploop.py`) owns all of its own state and only reads mail:
+Everything that goes *to* the engine thread goes through `Mailbox` under one lock,
+so the step loop (`steploop.py`) owns all of its own state and only reads mail.
+The other way, tokens go out through each request's handle (handle.py) and stats
+as a snapshot replaced whole; `Residency.lock` orders tokenization against swaps:
 
     any thread                    Mailbox                    engine thread
-    submit()  ── post(seq) ──►  new sequences   ──take()──►  StepLoop.run
+    submit()  ── post(seq) ──►  new sequences   ──take()──►  EngineThread.run
     apply()   ── set_knobs ──►  knobs
     cancel    ── poke() ─────►  cancel flag
     unload()  ── ask_unload ─►  waiters          ◄── settle ─ Residency

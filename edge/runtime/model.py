@@ -262,20 +262,18 @@ class LlamaContext:
         first real request then does not pay for first-touch page faults of the weights, the
         OpenMP thread pool start and one-time backend allocations."""
         toks = [t for t in (model.bos_id, model.eos_id) if 0 <= t < model.n_vocab] or [0]
-        batch = llama_cpp.llama_batch_init(len(toks), 0, 1)
+        from edge.runtime.batch import Batch
+
+        batch = Batch(len(toks))
         try:
-            for i, t in enumerate(toks):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, i, 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = 1 if i == len(toks) - 1 else 0
-            batch.n_tokens = len(toks)
+            batch.add_prompt(0, toks, 0, logits_last=True)
             llama_cpp.llama_set_warmup(self.ptr, True)
-            rc = llama_cpp.llama_decode(self.ptr, batch)
+            rc = batch.decode(self.ptr)
             if rc != 0:
                 log.warning("warm-up decode returned %d", rc)
         finally:
             llama_cpp.llama_set_warmup(self.ptr, False)
-            llama_cpp.llama_batch_free(batch)
+            batch.free()
         llama_cpp.llama_synchronize(self.ptr)
         self.clear()
 

@@ -13,6 +13,7 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from edge.planner import MemoryPlan
     from edge.runtime.chat_template import TemplateInfo
 
 
@@ -201,6 +202,7 @@ class EngineLike(Protocol):
     model_name: str
     n_ctx: int  # context length per sequence
     n_slots: int
+    plan: MemoryPlan | None  # the memory plan it was sized by (None: built without one)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...  # any thread
 

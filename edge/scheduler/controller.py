@@ -7,7 +7,7 @@ Each stage is pure and takes and returns small frozen records:
     memory_verdict (memory.py) ────────────┤
     threads_for_contention (contention.py) ┼─► shape_knobs ─► admission_flags ─► Decision, ControllerState
     queue, engine stats ───────────────────┘
-The control law (design/thermal.md, after Linux's power_allocator governor and
+The control law (docs/thermal.md, after Linux's power_allocator governor and
 Android's thermal headroom forecast):
 
     T_lim = lowest passive trip (else profile);  T_set = T_lim - margin - m_learn;  T_on = T_set - band

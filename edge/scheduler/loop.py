@@ -26,6 +26,7 @@ from edge.scheduler.state import (
     QueueState,
     ThermalMode,
 )
+from edge.telemetry.monitor import MonitorReading, TelemetrySource
 
 log = logging.getLogger("edge.scheduler")
 
@@ -34,9 +35,13 @@ FAST_INTERVAL_S = 0.5  # poll period while limiting, paused or guarding
 
 
 class MonitorLike(Protocol):
+    """The telemetry monitor as the loop uses it (telemetry.monitor.Monitor)."""
+
+    source: TelemetrySource
+
     def poll(self, now_s: float) -> Any: ...
 
-    def latest(self, now_s: float | None = None) -> Any: ...
+    def latest(self, now_s: float | None = None) -> MonitorReading: ...
 
 
 class ControlledEngine(Protocol):
@@ -74,8 +79,10 @@ class SchedulerLoop:
         admission: Admission | None = None,
         wait: Callable[[threading.Event, float], object] | None = None,
         logger: logging.Logger = log,
+        device_status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.monitor = monitor
+        self.device_status = device_status  # a simulated device's own account, for /v1/status
         self.log = logger  # `edge sim` passes a quieter one: it makes thousands of decisions a second
         self.engine = engine
         self.clock = clock or SystemClock()
@@ -148,7 +155,7 @@ class SchedulerLoop:
             self.log.info("scheduler %s/%s: %s", decision.mode.value, decision.memory.value, decision.reason)
         if decision.mode is ThermalMode.UNAVAILABLE and not self._warned_unavailable:
             self._warned_unavailable = True
-            source = getattr(getattr(self.monitor, "source", None), "name", "source")
+            source = self.monitor.source.name if self.monitor is not None else "none"
             self.log.warning(
                 "thermal control UNAVAILABLE: telemetry %s exposes no thermal sensor and no OS thermal "
                 "signal, so edge cannot see heat and will not throttle for it (the memory guard still "
@@ -242,12 +249,10 @@ class SchedulerLoop:
 
     def _sim_status(self) -> dict[str, Any] | None:
         """The simulated device's own account (`--telemetry sim:...`), else None."""
-        fn = getattr(getattr(self.monitor, "source", None), "status", None)
-        if not callable(fn):
+        if self.device_status is None:
             return None
         try:
-            got = fn()
+            return self.device_status()
         except Exception as exc:  # informative only
             log.debug("sim status failed: %s", exc)
             return None
-        return got if isinstance(got, dict) else None

@@ -22,7 +22,8 @@ from typing import Any
 
 from edge.config import DeviceProfile
 from edge.runtime.types import Knobs
-from edge.telemetry.sample import PressureLevel
+from edge.telemetry.monitor import MonitorReading, ThermalSensing
+from edge.telemetry.sample import PressureLevel, Sample
 
 
 class ThermalMode(str, Enum):
@@ -66,43 +67,27 @@ class ControlInput:
     psi_cpu_some_avg10: float | None = None
 
     @classmethod
-    def from_reading(cls, reading: Any) -> ControlInput:
-        """Adapt a telemetry.monitor MonitorReading (or a bare Sample) field by field.
+    def from_reading(cls, reading: MonitorReading | Sample) -> ControlInput:
+        """A telemetry.monitor MonitorReading (smoothing, slopes, limit, staleness are the
+        monitor's), or a bare Sample read as it is (tests, tools)."""
+        if isinstance(reading, Sample):
+            return cls._build(reading.t_s, reading, temp_c=reading.temp_c, limit_c=reading.limit_c)
+        return cls._build(
+            reading.t_s, reading.sample, temp_c=reading.temp_c, slope_c_per_s=reading.slope_c_per_s,
+            raw_temp_c=reading.raw_temp_c, fast_slope_c_per_s=reading.fast_slope_c_per_s,
+            limit_c=reading.limit_c, stale=reading.stale,
+            thermal_sensor_absent=reading.thermal_sensing is ThermalSensing.ABSENT)
 
-        The monitor owns smoothing and slope; raw sample fields are looked up on
-        the reading first, then on its `sample` attribute when it has one.
-        """
-        sample = getattr(reading, "sample", None)
-
-        def pick(name: str) -> Any:
-            value = getattr(reading, name, None)
-            if value is None and sample is not None:
-                value = getattr(sample, name, None)
-            return value
-
-        t_s = pick("t_s")
-        sensing = pick("thermal_sensing")
+    @classmethod
+    def _build(cls, t_s: float, s: Sample | None, **monitor: Any) -> ControlInput:
+        if s is None:
+            return cls(t_s=t_s, **monitor)
         return cls(
-            t_s=float(t_s if t_s is not None else 0.0),
-            temp_c=pick("temp_c"),
-            slope_c_per_s=pick("slope_c_per_s"),
-            raw_temp_c=pick("raw_temp_c"),
-            fast_slope_c_per_s=pick("fast_slope_c_per_s"),
-            limit_c=pick("limit_c"),
-            stale=bool(pick("stale")),
-            kernel_throttling=pick("kernel_throttling"),
-            thermal_pressure=pick("thermal_pressure"),
-            mem_available_bytes=pick("mem_available_bytes"),
-            psi_some_avg10=pick("psi_some_avg10"),
-            psi_full_avg10=pick("psi_full_avg10"),
-            memory_pressure=pick("memory_pressure"),
-            thermal_sensor_absent=getattr(sensing, "value", sensing) == "absent",
-            cpu_cores=pick("cpu_cores"),
-            cpu_other_cores=pick("cpu_other_cores"),
-            cpu_steal_cores=pick("cpu_steal_cores"),
-            cpu_throttled_pct=pick("cpu_throttled_pct"),
-            psi_cpu_some_avg10=pick("psi_cpu_some_avg10"),
-        )
+            t_s=t_s, kernel_throttling=s.kernel_throttling, thermal_pressure=s.thermal_pressure,
+            mem_available_bytes=s.mem_available_bytes, psi_some_avg10=s.psi_some_avg10,
+            psi_full_avg10=s.psi_full_avg10, memory_pressure=s.memory_pressure, cpu_cores=s.cpu_cores,
+            cpu_other_cores=s.cpu_other_cores, cpu_steal_cores=s.cpu_steal_cores,
+            cpu_throttled_pct=s.cpu_throttled_pct, psi_cpu_some_avg10=s.psi_cpu_some_avg10, **monitor)
 
 
 @dataclass(frozen=True)

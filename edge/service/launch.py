@@ -13,17 +13,19 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from edge.clock import Clock
-from edge.config import Settings
+from edge.config import DeviceProfile, Settings
 from edge.errors import ConfigError
 from edge.runtime.types import EngineLike
 
 if TYPE_CHECKING:
+    from edge.planner import MemoryPlan
     from edge.scheduler.loop import SchedulerLoop
     from edge.sim.device import SimulatedSource
     from edge.sim.throughput import ThroughputModel
+    from edge.store import ModelStore
     from edge.telemetry.monitor import TelemetrySource
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ def choose_model(
     ref: str | None,
     settings: Settings,
     out: TextIO = sys.stderr,
-    store_factory: Callable[[Path], Any] | None = None,
+    store_factory: Callable[[Path], ModelStore] | None = None,
 ) -> ModelChoice:
     """A path or store name -> file, pulling a catalog model first when needed (with a message)."""
     if store_factory is None:
@@ -85,7 +87,7 @@ def choose_model(
         stem = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.name
         return ModelChoice(path, stem, frozenset({name, str(path), path.name, stem, stem.lower()}))
     store = store_factory(settings.models_dir)
-    if store.path_of(name) is None and name in getattr(store, "catalog", {}):
+    if store.path_of(name) is None and name in store.catalog:
         print(f"edge: model {name} is not in {settings.models_dir} yet; pulling it first", file=out)
     path = Path(store.ensure(name))
     stem = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.name
@@ -100,22 +102,18 @@ def open_engine(path: Path, settings: Settings) -> EngineLike:
     return engine
 
 
-def device_profile(settings: Settings) -> Any:
-    """settings.profile, else the profile that fits the detected platform; None if that fails."""
-    from edge.config import load_profile
+def device_profile(settings: Settings) -> DeviceProfile | None:
+    """settings.profile (ConfigError when unknown), else the profile that fits the detected
+    platform; None if detection fails (the controller has defaults)."""
+    from edge.config import resolve_profile
 
-    name = settings.profile
-    if name is None:
-        try:
-            from edge.probe import detect_platform, profile_for
-
-            name = profile_for(
-                detect_platform(sysfs_root=settings.sysfs_root, procfs_root=settings.procfs_root)
-            )
-        except Exception as exc:  # detection is best effort; the controller has defaults
-            log.warning("device profile detection failed: %s", exc)
-            return None
-    return load_profile(name)
+    if settings.profile is not None:
+        return resolve_profile(settings.profile)
+    try:
+        return resolve_profile(None, settings.sysfs_root, settings.procfs_root)
+    except Exception as exc:  # detection is best effort
+        log.warning("device profile detection failed: %s", exc)
+        return None
 
 
 def build_scheduler(
@@ -155,10 +153,8 @@ def build_scheduler(
         sim.load_provider = engine.stats  # the engine's real work heats the simulated device
     profile = sim.device.profile if settings.profile is None and sim is not None else device_profile(settings)
     knobs = engine.stats().knobs
-    plan = getattr(engine, "plan", None)  # the real engine's memory plan; absent on fakes
-    footprint = 0
-    if plan is not None and getattr(plan, "total_bytes", None) is not None:
-        footprint = max(0, int(plan.total_bytes) - int(plan.reserve_bytes))
+    plan = engine.plan
+    footprint = max(0, plan.total_bytes - plan.reserve_bytes) if plan is not None else 0
     throughput = _calibration(settings, sim)
     config = config_for_device(
         engine.n_slots, knobs.n_threads, profile, reserve_bytes=settings.memory_reserve_bytes,
@@ -173,17 +169,18 @@ def build_scheduler(
     log.info(
         "scheduler: profile %s, limit %.0f C, reserve %d MiB, %d slots, %d threads, telemetry %s%s, "
         "calibration %s",
-        getattr(profile, "name", "none"),
+        profile.name,
         config.limit_c,
         config.reserve_bytes >> 20,
         config.n_slots,
         config.max_threads,
         spec,
         f" (time x{scale:g})" if scale != 1.0 else "",
-        getattr(throughput, "source", None) or "none",
+        (throughput.source if throughput is not None else None) or "none",
     )
     wait = None if scale == 1.0 else (lambda ev, t_s: ev.wait(t_s / scale))
-    return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, wait=wait)
+    return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, wait=wait,
+                         device_status=sim.status if sim is not None else None)
 
 
 def _calibration(settings: Settings, sim: SimulatedSource | None) -> ThroughputModel | None:
@@ -195,11 +192,10 @@ def _calibration(settings: Settings, sim: SimulatedSource | None) -> ThroughputM
     return sim.device.throughput if sim is not None else None
 
 
-def plan_of(engine: EngineLike, path: Path, settings: Settings) -> Any:
+def plan_of(engine: EngineLike, path: Path, settings: Settings) -> MemoryPlan | None:
     """The memory plan for /v1/status: the engine's own if it keeps one, else computed again."""
-    plan = getattr(engine, "plan", None)
-    if plan is not None:
-        return plan
+    if engine.plan is not None:
+        return engine.plan
     try:
         from edge.runtime.loading import plan_for
 

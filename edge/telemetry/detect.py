@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edge.clock import Clock, SystemClock
 from edge.errors import ConfigError
-from edge.probe import PlatformKind, detect_platform
+from edge.platforms import PlatformKind, detect_platform
 from edge.telemetry.monitor import TelemetrySource
 from edge.telemetry.sample import Sample
 

@@ -1,7 +1,7 @@
 """Linux telemetry read straight from sysfs and procfs, one sensor at a time.
 
 Why not psutil: it drops trip points, ignores cooling devices and cgroups, and
-falls back to thermal zones only when hwmon is empty (see design/thermal.md).
+falls back to thermal zones only when hwmon is empty (see docs/thermal.md).
 Every reader takes its filesystem roots and a `ReadLog` (readlog.py), so tests
 run on fake trees and can make one file fail with ENODATA while the others still
 read. Memory, PSI and cgroup readers live in linux_memory.py.

@@ -12,7 +12,7 @@ from pathlib import Path
 from edge.telemetry.readlog import ReadLog
 from edge.telemetry.sample import PressureLevel
 
-# PSI thresholds (percent of wall time stalled over 10 s); inferred, see design/thermal.md.
+# PSI thresholds (percent of wall time stalled over 10 s); inferred, see docs/thermal.md.
 PSI_SOME_MODERATE = 10.0
 PSI_FULL_HEAVY = 2.0
 PSI_FULL_CRITICAL = 10.0

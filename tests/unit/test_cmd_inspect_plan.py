@@ -61,9 +61,9 @@ def test_inspect_json_and_tensors(model: Path, capsys: pytest.CaptureFixture[str
 
 def test_inspect_missing_and_unknown_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = _run(capsys, "inspect", str(tmp_path / "missing.gguf"))
-    assert rc == 1 and err.startswith("edge: error: model not found") and len(err.strip().splitlines()) == 1
+    assert rc == 2 and err.startswith("edge: error: model not found") and len(err.strip().splitlines()) == 1
     rc, _, err = _run(capsys, "inspect", "no-such-model", "--models-dir", str(tmp_path))
-    assert rc == 1 and "model not found: no-such-model" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "model not found: no-such-model" in err and len(err.strip().splitlines()) == 1
 
 
 def test_plan_json_with_memory_suffix(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,11 +135,11 @@ def test_plan_text_explains_and_picks_context(model: Path, capsys: pytest.Captur
         ("--profile", "toaster", "unknown profile 'toaster'"),
     ],
 )
-def test_plan_bad_input_is_one_line_exit_1(
+def test_plan_bad_input_is_one_line_exit_2(
     model: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, fragment: str
 ) -> None:
     rc, _, err = _run(capsys, "plan", str(model), "--memory", "4G", flag, value)
-    assert rc == 1
+    assert rc == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("edge: error:") and fragment in lines[0], err
 
@@ -148,6 +148,6 @@ def test_plan_malformed_and_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 16)
     rc, _, err = _run(capsys, "plan", str(bad), "--memory", "1G")
-    assert rc == 1 and "invalid GGUF file" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "invalid GGUF file" in err and len(err.strip().splitlines()) == 1
     rc, _, err = _run(capsys, "plan", str(tmp_path), "--memory", "1G")
-    assert rc == 1 and "is a directory" in err
+    assert rc == 2 and "is a directory" in err

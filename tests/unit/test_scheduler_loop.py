@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import replace
 
 from edge.clock import ManualClock
 from edge.config import load_profile
@@ -15,29 +15,34 @@ from edge.scheduler.loop import FAST_INTERVAL_S, INTERVAL_S, SchedulerLoop
 from edge.scheduler.state import ControllerConfig, MemoryMode, ThermalMode
 from edge.sim.device import SimulatedDevice, SimulatedSource
 from edge.sim.throughput import ThroughputModel
-from edge.telemetry.monitor import Monitor
+from edge.telemetry.detect import NullSource
+from edge.telemetry.monitor import LimitOrigin, Monitor, MonitorReading
+from edge.telemetry.sample import Sample
 from tests.fakes import ScriptedEngine, engine_stats
 
 CFG = ControllerConfig(n_slots=2, max_threads=2, limit_c=99.0, reserve_bytes=1 << 30)
 
 
-@dataclass
-class Reading:
-    t_s: float
-    temp_c: float | None
-    slope_c_per_s: float | None = 0.0
-    stale: bool = False
-    limit_c: float | None = 99.0
-    kernel_throttling: bool | None = False
-    psi_some_avg10: float | None = None
-    psi_full_avg10: float | None = None
-    mem_available_bytes: int | None = None
+def Reading(
+    t_s: float, temp_c: float | None, slope_c_per_s: float | None = 0.0, stale: bool = False,
+    limit_c: float | None = 99.0, kernel_throttling: bool | None = False,
+    psi_some_avg10: float | None = None, psi_full_avg10: float | None = None,
+    mem_available_bytes: int | None = None,
+) -> MonitorReading:
+    """A monitor reading over a sample, as the shipped Monitor gives the loop."""
+    sample = Sample(t_s, "scripted", temp_c=temp_c, limit_c=limit_c, kernel_throttling=kernel_throttling,
+                    psi_some_avg10=psi_some_avg10, psi_full_avg10=psi_full_avg10,
+                    mem_available_bytes=mem_available_bytes)
+    return MonitorReading(t_s, "scripted", sample, temp_c, temp_c, slope_c_per_s, limit_c, None,
+                          LimitOrigin.SENSOR, stale, 0.0, 1.0)
 
 
 class ScriptedMonitor:
     """Returns the readings it is given, one per poll (the last one repeats)."""
 
-    def __init__(self, readings: list[Reading], on_poll: object = None) -> None:
+    source = NullSource()
+
+    def __init__(self, readings: list[MonitorReading], on_poll: object = None) -> None:
         self.readings = readings
         self.polls: list[float] = []
         self.on_poll = on_poll
@@ -47,9 +52,9 @@ class ScriptedMonitor:
         if callable(self.on_poll):
             self.on_poll(len(self.polls))
 
-    def latest(self, now_s: float | None = None) -> Reading:
+    def latest(self, now_s: float | None = None) -> MonitorReading:
         r = self.readings[min(len(self.polls), len(self.readings)) - 1]
-        return Reading(**{**r.__dict__, "t_s": self.polls[-1]})
+        return replace(r, t_s=self.polls[-1])
 
 
 def _engine() -> ScriptedEngine:
@@ -170,8 +175,6 @@ def test_closed_loop_keeps_a_hot_device_below_its_limit() -> None:
 
 def test_no_sensor_machine_is_unavailable_logged_once_and_visible(caplog) -> None:
     """A VM/container with no thermal sensor: full speed, warned once with what to do, never 'nominal'."""
-    from edge.telemetry.detect import NullSource
-    from edge.telemetry.monitor import Monitor
 
     clock = ManualClock()
     engine = _engine()

@@ -225,7 +225,7 @@ def test_cli_pull_ls_rm(server: _Server, tmp_path: Path, capsys: pytest.CaptureF
     assert listed[0]["name"] == "m"
     assert main(["rm", "m", "--models-dir", str(root)]) == 0
     assert visible(root) == []
-    assert main(["rm", "m", "--models-dir", str(root)]) == 1
+    assert main(["rm", "m", "--models-dir", str(root)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("edge: error: model not found: m")
     assert main(["pull", f"{server.url}/missing.gguf", "--models-dir", str(root)]) == 1
