@@ -7,6 +7,7 @@ Precedence, lowest first: field defaults < device profile < TOML file
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 import sys
 from collections.abc import Callable
@@ -31,7 +32,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIGS_DIR = REPO_ROOT / "configs"
+# configs/ (default settings, device profiles, throughput tables) ships as package data:
+# edge/data/configs links to the checkout's configs/ and is copied into a wheel, so a
+# checkout and an installed wheel read the same files through importlib.resources.
+CONFIGS_DIR = Path(str(importlib.resources.files("edge").joinpath("data", "configs")))
 PROFILES_DIR = CONFIGS_DIR / "devices"
 
 

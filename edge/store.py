@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.resources
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from edge.config import REPO_ROOT, Settings
+from edge.config import Settings
 from edge.errors import ChecksumMismatch, DownloadError, EdgeError, ModelNotFound
 
 if sys.version_info >= (3, 11):
@@ -34,7 +35,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-CATALOG_PATH = REPO_ROOT / "models" / "catalog.toml"
+# models/catalog.toml, shipped as package data (edge/data/catalog.toml links to it)
+CATALOG_PATH = Path(str(importlib.resources.files("edge").joinpath("data", "catalog.toml")))
 MANIFEST = "manifest.json"
 CHUNK_BYTES = 1 << 20
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")

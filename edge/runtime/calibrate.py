@@ -23,11 +23,12 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
+from edge.config import CONFIGS_DIR
 from edge.errors import DecodeFailed
 from edge.runtime.batch import Batch
 from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "configs" / "throughput" / "cpu-2core-smollm2.json"
+DEFAULT_OUT = CONFIGS_DIR / "throughput" / "cpu-2core-smollm2.json"
 PROMPT = ("You are a helpful assistant. Explain in a few sentences why the sky is blue, "
           "and mention Rayleigh scattering and the wavelengths involved. ") * 4
 
