@@ -245,3 +245,33 @@ def test_residency_keep_alive_runs_on_its_own_clock_and_starts_over_after_a_refu
         assert res.keep_alive_due(idle=True)
     finally:
         res.live.batch.free()
+
+
+def test_the_mailbox_hands_over_everything_at_once_and_refuses_work_once_draining() -> None:
+    import pytest
+
+    from edge.errors import EngineStopped
+
+    box = Mailbox(Knobs(2, 2))
+    with pytest.raises(EngineStopped):
+        box.ask_unload()  # still LOADING: nothing to unload
+    box.set_state(EngineState.READY)
+    a, b = _seq([1], [EOS]), _seq([2], [EOS], priority=Priority.BACKGROUND)
+    box.post(a)
+    box.post(b)
+    box.set_knobs(Knobs(1, 1, paused=True))
+    assert box.state is EngineState.PAUSED and box.pending() == (2, 1) and not box.quiet()
+    box.poke_cancel()
+    waiter = box.ask_unload()
+    mail = box.take(False, lambda: False, lambda: 0.0)
+    assert mail.new == [a, b] and mail.knobs == Knobs(1, 1, paused=True) and mail.cancels
+    assert mail.unload_waiters == [waiter] and not mail.stopping
+    assert box.pending() == (0, 0) and box.quiet()
+    # nothing new: take() returns at once only when the caller has runnable work or a timer is due
+    assert box.take(True, lambda: False, lambda: 0.0).new == []
+    assert box.take(False, lambda: True, lambda: 0.0).cancels is False
+    assert box.begin_drain() and box.state is EngineState.DRAINING
+    with pytest.raises(EngineStopped):
+        box.post(_seq([3], [EOS]))
+    box.ask_stop()
+    assert box.take(False, lambda: False, lambda: 0.0).stopping
