@@ -118,9 +118,10 @@ def agent_weight(*, draining: bool, ready: bool, not_ready_reason: str,
                  limits: tuple[LimitHeadroom, ...], load: LoadState) -> AgentWeight:
     """The weight for this box: the tightest limit's headroom times the room in slots and queue.
 
-    Slots: all busy still leaves half the weight (leastconn already counts the balancer's
-    own connections; this adds the work others sent). Queue: each waiting request takes
-    a share 1/(max_queue + 1). Rounded to whole percent, at least MIN_WEIGHT_PCT while up.
+    Slots and queue weigh less than the limits: HAProxy's leastconn already counts its own
+    connections, so these only add what it cannot see (work sent by others, a backlog).
+    All slots busy leaves 3/4 of the weight, a full queue another 1/2. Rounded to whole
+    percent, at least MIN_WEIGHT_PCT while up.
     """
     if draining:
         return AgentWeight(AgentState.DRAIN, 0, "draining")
@@ -130,9 +131,9 @@ def agent_weight(*, draining: bool, ready: bool, not_ready_reason: str,
                                              for lim in limits]
     if load.n_slots > 0:
         free = max(0, load.n_slots - load.running)
-        factors.append(("slots", 0.5 + 0.5 * free / load.n_slots,
+        factors.append(("slots", 0.75 + 0.25 * free / load.n_slots,
                         f"{min(load.running, load.n_slots)} of {load.n_slots} slots busy"))
-    factors.append(("queue", 1.0 - min(load.waiting, load.max_queue + 1) / (load.max_queue + 1),
+    factors.append(("queue", 1.0 - 0.5 * min(load.waiting, load.max_queue + 1) / (load.max_queue + 1),
                     f"{load.waiting} waiting of {load.max_queue}"))
     limit_h = min((f for _, f, _ in factors[: len(limits)]), default=1.0)
     product = limit_h

@@ -93,7 +93,8 @@ def test_agent_port_in_use_is_an_oserror_at_start() -> None:
         await first.start()
         try:
             with pytest.raises(OSError):
-                await AgentServer(lambda: AgentWeight(AgentState.UP, 100, ""), "127.0.0.1", first.port).start()
+                await AgentServer(lambda: AgentWeight(AgentState.UP, 100, ""), "127.0.0.1",
+                                  first.port).start()
         finally:
             await first.close()
 

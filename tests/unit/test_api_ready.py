@@ -63,7 +63,7 @@ def test_full_queue_is_not_ready_until_a_request_finishes() -> None:
     running.start()
     assert client.get("/ready").status_code == 200  # one may still wait
     b = client.get("/v1/status").json()["balancer"]
-    assert b["weight_pct"] == 50 and b["reason"].startswith("slots 0.50")
+    assert b["weight_pct"] == 75 and b["reason"].startswith("slots 0.75")
     waiting = adm.admit(Priority.INTERACTIVE, 4, 4)
     r = client.get("/ready")
     assert r.status_code == 503 and r.json()["reason"] == "queue_full"
@@ -82,3 +82,14 @@ def test_draining_beats_every_other_reason_and_health_stays_200() -> None:
     assert r.status_code == 503 and r.json()["reason"] == "draining"
     assert client.get("/v1/status").json()["balancer"]["line"] == "drain"
     assert client.get("/health").status_code == 200
+
+
+def test_request_id_is_echoed_on_every_response_when_sane() -> None:
+    app, _ = make_app(api_key="k")
+    client = TestClient(app)
+    assert client.get("/ready", headers={"X-Request-ID": "abc-123"}).headers["x-request-id"] == "abc-123"
+    refused = client.get("/v1/models", headers={"X-Request-ID": "7F00:1F90_1"})
+    assert refused.status_code == 401 and refused.headers["x-request-id"] == "7F00:1F90_1"
+    assert "x-request-id" not in client.get("/ready").headers
+    for bad in ("x" * 129, "has space"):
+        assert "x-request-id" not in client.get("/ready", headers={"X-Request-ID": bad}).headers

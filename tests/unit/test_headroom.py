@@ -42,7 +42,8 @@ def _weight(limits: tuple[LimitHeadroom, ...] = (), load: LoadState = IDLE, **kw
 
 @pytest.mark.parametrize(("forecast_c", "expected"), [
     (60.0, 1.0), (84.5, 1.0), (90.25, 0.5), (96.0, 0.0), (101.0, 0.0)])
-def test_thermal_headroom_falls_linearly_from_t_on_to_the_guard_line(forecast_c: float, expected: float) -> None:
+def test_thermal_headroom_falls_linearly_from_t_on_to_the_guard_line(forecast_c: float,
+                                                                    expected: float) -> None:
     h = thermal_headroom(replace(BASE, forecast_c=forecast_c), CFG)
     assert h.kind is LimitKind.THERMAL and not h.blocking
     assert h.headroom == pytest.approx(expected)
@@ -96,9 +97,14 @@ def test_the_tightest_limit_sets_the_weight_and_power_slots_in() -> None:
 def test_slots_and_queue_scale_the_weight() -> None:
     limits = limits_of(BASE, CFG)
     half = _weight(limits, LoadState(running=2, waiting=0, n_slots=4, max_queue=8))
-    assert half.weight_pct == 75 and half.reason == "slots 0.75: 2 of 4 slots busy"
+    assert half.weight_pct == 88 and half.reason == "slots 0.88: 2 of 4 slots busy"
     busy = _weight(limits, LoadState(running=4, waiting=4, n_slots=4, max_queue=7))
-    assert busy.weight_pct == 25  # slots 0.5 x queue 0.5
+    assert busy.weight_pct == 56 and dict(busy.factors)["queue"] == 0.75  # slots 0.75 x queue 0.75
+    full = _weight(limits, LoadState(running=4, waiting=8, n_slots=4, max_queue=7))
+    assert dict(full.factors)["queue"] == 0.5 and full.weight_pct == 38
+    # the limits weigh more than the load: a hot idle box gets less than a cool busy one
+    hot_idle = _weight(limits_of(replace(BASE, forecast_c=92.0), CFG))
+    assert hot_idle.weight_pct < busy.weight_pct
     # never 0 while up: 0 % reads as DRAIN in HAProxy and the box would get nothing
     crowded = _weight((LimitHeadroom(LimitKind.THERMAL, 0.004, False, "hot"),),
                       LoadState(running=4, waiting=7, n_slots=4, max_queue=7))
