@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         sim_ambient_file=args.sim_ambient_file,
     )
     api_key = bind_api_key(settings)
-    agent_at = agent_bind(settings, api_key)
+    agent_at = agent_bind(settings, keyed=api_key is not None)
     choice = choose_model(args.model, settings)
     engine = open_engine(choice.path, settings)
     scheduler = None if args.no_scheduler else build_scheduler(settings, engine)

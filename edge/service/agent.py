@@ -28,12 +28,13 @@ ANNOUNCE_READY_S = 30.0  # say `ready` this long after start (see AgentWeight.li
 WRITE_TIMEOUT_S = 2.0
 
 
-def agent_bind(settings: Settings, api_key: str | None) -> tuple[str, int] | None:
-    """(host, port) for the agent, None when off; a non-loopback host needs an API key (or --insecure)."""
+def agent_bind(settings: Settings, keyed: bool) -> tuple[str, int] | None:
+    """(host, port) for the agent, None when off; a non-loopback host needs an API key (`keyed`)
+    or --insecure, as the API's own bind does."""
     if settings.agent_port is None:
         return None
     host = settings.agent_host or "127.0.0.1"
-    if not is_loopback(host) and api_key is None:
+    if not is_loopback(host) and not keyed:
         if not settings.insecure:
             raise ConfigError(
                 "agent_host",

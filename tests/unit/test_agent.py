@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 
 from edge.config import load_settings
 from edge.errors import ConfigError
-from edge.runtime.types import Knobs
+from edge.runtime.types import Knobs, Priority
 from edge.scheduler.headroom import AgentState, AgentWeight
 from edge.service.agent import AgentServer, agent_bind
-from tests.fakes import make_app
+from tests.fakes import ScriptedEngine, make_app
 
 
 async def _ask(port: int, send: bytes = b"") -> bytes:
@@ -102,16 +102,48 @@ def test_agent_port_in_use_is_an_oserror_at_start() -> None:
 
 
 def test_agent_bind_is_off_by_default_loopback_unless_keyed(tmp_path: Path) -> None:
-    assert agent_bind(load_settings(), None) is None
-    assert agent_bind(load_settings(agent_port=8089), None) == ("127.0.0.1", 8089)
-    assert agent_bind(load_settings(agent_port=8089, agent_host="::1"), None) == ("::1", 8089)
+    assert agent_bind(load_settings(), keyed=False) is None
+    assert agent_bind(load_settings(agent_port=8089), keyed=False) == ("127.0.0.1", 8089)
+    assert agent_bind(load_settings(agent_port=8089, agent_host="::1"), keyed=False) == ("::1", 8089)
     off_loopback = load_settings(agent_port=8089, agent_host="0.0.0.0")
     with pytest.raises(ConfigError) as err:
-        agent_bind(off_loopback, None)
+        agent_bind(off_loopback, keyed=False)
     assert err.value.field == "agent_host" and "API key" in err.value.reason
-    assert agent_bind(off_loopback, "secret") == ("0.0.0.0", 8089)
-    assert agent_bind(load_settings(agent_port=8089, agent_host="0.0.0.0", insecure=True), None) == (
+    assert agent_bind(off_loopback, keyed=True) == ("0.0.0.0", 8089)
+    assert agent_bind(load_settings(agent_port=8089, agent_host="0.0.0.0", insecure=True), keyed=False) == (
         "0.0.0.0", 8089)
     for bad in (0, 70000):
         with pytest.raises(ConfigError):
             load_settings(agent_port=bad)
+
+
+def test_edge_status_shows_the_agents_weight_and_why() -> None:
+    from edge.commands.status import summarize
+
+    app, engine = make_app(ScriptedEngine(n_slots=2, autostep=False), agent_port=8089)
+    adm = app.state.edge.admission
+    adm.admit(Priority.INTERACTIVE, 4, 4).start()
+    text = summarize(TestClient(app).get("/v1/status").json())
+    line = next(ln for ln in text.splitlines() if ln.startswith("balancer"))
+    assert line == ("balancer  up 88% (slots 0.88: 1 of 2 slots busy); agent 127.0.0.1:8089; "
+                    "headroom slots 0.88, queue 1.00")
+    engine.apply(Knobs(active_limit=0, n_threads=1, paused=True))
+    text = summarize(TestClient(app).get("/v1/status").json())
+    assert "balancer  down #paused by the scheduler" in text
+    off, _ = make_app()
+    assert "agent off" in summarize(TestClient(off).get("/v1/status").json())
+
+
+def test_service_install_passes_the_agent_flags_and_refuses_an_open_agent(tmp_path: Path, capsys) -> None:
+    from edge.cli import main
+
+    exe = ["--exec", "/opt/edge/bin/edge", "--models-dir", str(tmp_path)]
+    key = tmp_path / "key"
+    key.write_text("k")
+    assert main(["service", "install", "--print", *exe, "--host", "0.0.0.0", "--api-key-file", str(key),
+                 "--agent-port", "8089", "--agent-host", "0.0.0.0"]) == 0
+    unit = capsys.readouterr().out
+    assert "--agent-port 8089 --agent-host 0.0.0.0" in unit
+    assert main(["service", "install", "--print", *exe, "--agent-port", "8089",
+                 "--agent-host", "0.0.0.0"]) != 0
+    assert "agent_host" in capsys.readouterr().err
