@@ -69,6 +69,7 @@ class Box:
 
 @dataclass
 class Result:
+    rid: str
     t0: float
     t_headers: float | None = None
     t1: float | None = None
@@ -111,7 +112,8 @@ def test_generated_config_keeps_everything_but_addresses() -> None:
     shipped = SHIPPED.read_text()
     cfg = haproxy_config(shipped, 1, 2, [("a", 3, 4), ("b", 5, 6), ("c", 7, 8)])
     for must in ("balance leastconn", "option httpchk GET /ready", "http-check expect status 200",
-                 "retry-on conn-failure empty-response 503", "option redispatch", "timeout server 10m",
+                 "retry-on conn-failure empty-response 503", "option redispatch",
+                 "option http-buffer-request", "timeout server 10m",
                  "timeout tunnel 1h", "unique-id-format", "http-request set-header X-Request-ID"):
         assert must in shipped and must in cfg, must
     assert "server a 127.0.0.1:3 check agent-check agent-port 4 agent-inter 1s" in cfg
@@ -168,12 +170,12 @@ def cluster(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def _stream(c: Cluster, http: httpx.Client, model: str, i: int, max_tokens: int) -> Result:
-    r = Result(time.monotonic())
+    r = Result(f"e2e-{i}-{time.monotonic_ns()}", time.monotonic())
     body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0.7,
             "messages": [{"role": "user", "content": f"{PROMPT_MARK} {i}: tell me about the sea."}]}
     try:
         with http.stream("POST", c.url + "/v1/chat/completions", json=body,
-                         headers={"Authorization": f"Bearer {KEY}"}) as resp:
+                         headers={"Authorization": f"Bearer {KEY}", "X-Request-ID": r.rid}) as resp:
             r.t_headers, r.status, r.box = time.monotonic(), resp.status_code, resp.headers.get("x-edge-box")
             if resp.status_code != 200:
                 r.error = f"{resp.status_code} {resp.read()[:200]!r}"
@@ -259,6 +261,16 @@ def _shares(results: list[Result], t_from: float, t_to: float) -> tuple[dict[str
     return ({b: sum(r.box == b for r in window) / max(1, n) for b in ("box1", "box2", "box3")}, n)
 
 
+def _busy_shares(results: list[Result], t_from: float, t_to: float) -> dict[str, float]:
+    """Each box's share of the stream-seconds in flight in the window: what leastconn's weights divide."""
+    busy = {"box1": 0.0, "box2": 0.0, "box3": 0.0}
+    for r in results:
+        if r.box in busy and r.t1 is not None:
+            busy[r.box] += max(0.0, min(r.t1, t_to) - max(r.t0, t_from))
+    total = sum(busy.values()) or 1.0
+    return {b: v / total for b, v in busy.items()}
+
+
 def test_a_traffic_spreads_over_three_boxes(cluster: Cluster) -> None:
     results = _load(cluster, n_clients=6, wall_s=15.0, max_tokens=8)
     ok = [r for r in results if r.done]
@@ -333,19 +345,25 @@ def test_b_a_heated_box_gets_less_traffic_while_it_still_answers(cluster: Cluste
     ok = [r for r in results if r.done]
     before, n_before = _shares(ok, t_heat - 10.0, t_heat)
     after, n_after = _shares(ok, t_heat + 5.0, t_heat + 30.0)
+    busy_before = _busy_shares(ok, t_heat - 10.0, t_heat)
+    busy_after = _busy_shares(ok, t_heat + 5.0, t_heat + 30.0)
     heated = [x for x in seen if x[0] > t_heat]
     first_drop = next((t - t_heat for t, _, h, _ in heated if h < 0.9), None)
     first_down = next((t - t_heat for t, line, _, _ in heated if not line.startswith("up")), None)
     pcts = [int(line.rsplit(" ", 1)[1].rstrip("%")) for _, line, _, _ in heated if line.startswith("up")]
-    print(f"\nbalancer (b): share before heating {_fmt(before)} ({n_before} streams), 5-30 s after "
-          f"{_fmt(after)} ({n_after}); box1 thermal headroom below 0.9 after "
+    print(f"\nbalancer (b): share of new streams before heating {_fmt(before)} ({n_before} streams), "
+          f"5-30 s after {_fmt(after)} ({n_after}); share of streams in flight before {_fmt(busy_before)}, "
+          f"after {_fmt(busy_after)}; box1 thermal headroom below 0.9 after "
           f"{first_drop and round(first_drop, 1)} s, "
           f"weight median {sorted(pcts)[len(pcts) // 2] if pcts else None}% "
           f"lowest {min(pcts, default=None)}%, "
           f"down after {first_down} s, max temp {max((x[3] for x in heated), default=None)} C", flush=True)
     assert not [r.error for r in results if r.error], [r.error for r in results if r.error][:5]
     assert first_drop is not None and first_drop < 6.0, seen
-    assert after["box1"] < 0.6 * before["box1"], (before, after)
+    # leastconn gives an idle box the next request whatever its weight, so the weight shows in how
+    # many streams the hot box holds at once; fewer at once is fewer new ones, less steeply
+    assert busy_after["box1"] < 0.6 * busy_before["box1"], (busy_before, busy_after)
+    assert after["box1"] < 1 / 3, (before, after)  # fewer than its fair share of new streams
     # less traffic before any refusal: the weight fell while the box was still up, and it still answers
     assert pcts and min(pcts) < 50 and (first_down is None or first_down > first_drop), seen
     assert direct and direct[0].status_code == 200, direct[0].text if direct else "not asked"
@@ -362,15 +380,21 @@ def test_c_a_killed_box_loses_only_its_in_flight_requests(cluster: Cluster) -> N
     results = _load(cluster, n_clients=6, wall_s=20.0, max_tokens=32, during=[(6.0, kill)])
     t_kill = marks["kill"]
     victim.server.proc.wait(10)
-    in_flight = [r for r in results if r.box == "box2" and r.t_headers is not None and r.t_headers <= t_kill
-                 and (r.t1 or 0) > t_kill]
+    time.sleep(0.5)  # HAProxy's log lines of the failed ones
+    log = cluster.haproxy_log.read_text()
+
+    def server_of(r: Result) -> str | None:  # the box HAProxy last tried, from its log line
+        m = re.search(r"edge_boxes/(\S+) .*id=\{" + re.escape(r.rid) + r"\}", log)
+        return r.box or (m.group(1) if m else None)
+
+    in_flight = [r for r in results if r.t0 <= t_kill < (r.t1 or 0) and server_of(r) == "box2"]
     failed = [r for r in results if not r.done]
     lost_elsewhere = [r for r in failed if r not in in_flight]
     served_after = [r for r in results if r.done and r.t0 > t_kill]
     print(f"\nbalancer (c): {len(results)} streams, box2 SIGKILLed with {len(in_flight)} in flight on it; "
           f"lost {len(failed)} ({len(lost_elsewhere)} not in flight on box2), {len(served_after)} served "
           f"after the kill, by {sorted({r.box for r in served_after if r.box})}", flush=True)
-    assert not lost_elsewhere, [(r.box, r.status, r.error) for r in lost_elsewhere][:5]
+    assert not lost_elsewhere, [(r.t0 - t_kill, server_of(r), r.status, r.error) for r in lost_elsewhere][:5]
     assert len(failed) <= len(in_flight)
     assert len(served_after) >= 3 and not any(r.box == "box2" for r in served_after if r.t0 > t_kill + 0.1)
 
