@@ -104,6 +104,14 @@ class Settings(BaseSettings):
         15.0, ge=0, le=3600, description="SSE keep-alive comment interval while a stream is silent "
         "(waiting for a slot or a long prompt); 0 disables."
     )
+    agent_port: int | None = Field(
+        None, ge=1, le=65535, description="TCP port of the HAProxy agent check: answers each connection "
+        "with this box's weight ('up 60%'), 'drain' or 'down' (None: off). See README \"Several boxes\"."
+    )
+    agent_host: str | None = Field(
+        None, description="Bind address of the agent check (None: 127.0.0.1); a non-loopback address "
+        "needs an API key, as the API does."
+    )
     drain_timeout_s: float = Field(
         30.0, ge=0, le=3600, description="Time running requests get to finish on SIGTERM."
     )
@@ -125,6 +133,10 @@ class Settings(BaseSettings):
         None, description="Measured decode throughput (a name in configs/throughput or a JSON path, "
         "written by `python -m edge.runtime.calibrate`): the thermal ladder then drops settings that "
         "cost more heat for no more tokens. With sim:PROFILE telemetry the simulator's own is used."
+    )
+    sim_ambient_file: Path | None = Field(
+        None, description="With sim: telemetry, a file holding the simulated room temperature in C, "
+        "re-read as it changes: `echo 60 > FILE` heats the box up at run time (demos, balancer tests)."
     )
     sysfs_root: Path = Field(Path("/sys"), description="Root of the sysfs tree to read.")
     procfs_root: Path = Field(Path("/proc"), description="Root of the procfs tree to read.")

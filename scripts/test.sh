@@ -11,4 +11,11 @@ if [ ! -x /usr/bin/chromium ]; then
     apt-get install -y --no-install-recommends chromium \
         || { apt-get update && apt-get install -y --no-install-recommends chromium; }
 fi
+# The load-balancer test (tests/e2e/test_haproxy_e2e.py) needs Debian's HAProxy.
+if [ ! -x /usr/sbin/haproxy ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends haproxy \
+        || { apt-get update && apt-get install -y --no-install-recommends haproxy; } \
+        || echo "haproxy could not be installed: tests/e2e/test_haproxy_e2e.py will be skipped"
+fi
 .venv/bin/python -m pytest -q "$@"

@@ -38,6 +38,7 @@ from edge.api.middleware import (
     BodyLimitMiddleware,
     CountMiddleware,
     JsonOnlyMiddleware,
+    RequestIdMiddleware,
 )
 from edge.api.schemas import openapi_components
 from edge.api.state import ApiState
@@ -110,6 +111,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "X-Edge-Priority"],
         )
     app.add_middleware(CountMiddleware, metrics=metrics)
+    app.add_middleware(RequestIdMiddleware)
     return app
 
 

@@ -173,3 +173,27 @@ class CountMiddleware:
             await send(message)
 
         return await self.app(scope, receive, counting_send)
+
+
+_REQUEST_ID_MAX = 128
+
+
+class RequestIdMiddleware:
+    """Echo the client's or the balancer's `X-Request-ID` on the response (every status), so one
+    id follows a request from HAProxy's log to the answer. Only visible ASCII, at most 128 chars."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rid = _header(scope, b"x-request-id") if scope["type"] == "http" else None
+        if not rid or len(rid) > _REQUEST_ID_MAX or not all(33 <= ord(c) < 127 for c in rid):
+            return await self.app(scope, receive, send)
+        raw = rid.encode("ascii")
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", raw)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -45,11 +45,28 @@ async def health() -> dict[str, str]:
 
 @router.get("/ready")
 async def ready(request: Request) -> Response:
+    """Readiness: 200 while this box takes work, 503 + Retry-After with a `reason` code otherwise."""
     st = _state(request)
-    ok, reason = st.readiness()
-    body = {"status": "ready" if ok else "unavailable", "reason": reason, "engine": st.engine.state.value}
-    headers = {} if ok else {"Retry-After": "1"}
-    return JSONResponse(body, status_code=200 if ok else 503, headers=headers)
+    r = st.readiness_report()
+    body = {"status": "ready" if r.ready else "unavailable", "reason": r.reason.value, "detail": r.detail,
+            "engine": st.engine.state.value}
+    headers = {} if r.ready else {"Retry-After": "1"}
+    return JSONResponse(body, status_code=200 if r.ready else 503, headers=headers)
+
+
+def balancer_status(st: ApiState) -> dict[str, Any]:
+    """The HAProxy agent check's answer now, with why (also shown by `edge status`)."""
+    w = st.balancer_weight()
+    s = st.settings
+    return {
+        "agent": None if s.agent_port is None else {"host": s.agent_host or "127.0.0.1",
+                                                    "port": s.agent_port},
+        "state": w.state.value,
+        "weight_pct": w.weight_pct,
+        "reason": w.reason,
+        "line": w.line(),
+        "factors": dict(w.factors),
+    }
 
 
 @router.get("/metrics")
@@ -60,7 +77,8 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/status")
 async def status(request: Request) -> dict[str, Any]:
     st = _state(request)
-    ok, reason = st.readiness()
+    r = st.readiness_report()
+    ok, reason = r.ready, r.detail
     stats = None
     try:
         stats = st.engine.stats()
@@ -80,6 +98,7 @@ async def status(request: Request) -> dict[str, Any]:
             "state": st.server_state.value,
             "ready": ok,
             "reason": reason,
+            "ready_reason": r.reason.value,
             "uptime_s": round(time.time() - st.started_unix_s, 3),
             "in_flight": len(st.in_flight),
             "max_queue": st.settings.max_queue,
@@ -96,4 +115,5 @@ async def status(request: Request) -> dict[str, Any]:
         "queue": _plain(st.admission.status()),
         "plan": plan_json,
         "scheduler": _plain(st.scheduler_status()),
+        "balancer": balancer_status(st),
     }

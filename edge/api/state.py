@@ -5,6 +5,10 @@ so tests can build many apps side by side.
 
 Server lifecycle as /ready reports it (the engine has its own EngineState):
 SERVING -> DRAINING (first SIGTERM: no new requests) -> STOPPED.
+
+/ready means "send me work": 503 while draining, loading, past a thermal, memory or
+power limit, or with a full queue, each with a typed `ReadyReason`. The HAProxy
+agent check (edge.service.agent) answers from `balancer_weight()`, built on the same.
 """
 
 from __future__ import annotations
@@ -20,13 +24,43 @@ from edge.config import Settings
 from edge.errors import ModelNotFound
 from edge.runtime.types import EngineLike, EngineState, RequestHandleLike
 from edge.scheduler.admission import AdmissionLike
+from edge.scheduler.headroom import AgentWeight, agent_weight
 from edge.scheduler.loop import SchedulerLike
+from edge.scheduler.state import LimitHeadroom, LimitKind
 
 
 class ServerState(str, Enum):
     SERVING = "serving"
     DRAINING = "draining"
     STOPPED = "stopped"
+
+
+class ReadyReason(str, Enum):
+    """Why /ready answers as it does (the JSON `reason`)."""
+
+    READY = "ready"
+    UNLOADED = "unloaded"  # idle keep-alive unloaded the model; the next request reloads it
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    LOADING = "loading"
+    FAILED = "failed"
+    PAUSED = "paused"  # the engine is paused by the scheduler
+    THERMAL = "thermal"
+    MEMORY = "memory"
+    POWER = "power"
+    QUEUE_FULL = "queue_full"
+    UNKNOWN = "unknown"  # engine stats unavailable
+
+
+_LIMIT_REASON = {LimitKind.THERMAL: ReadyReason.THERMAL, LimitKind.MEMORY: ReadyReason.MEMORY,
+                 LimitKind.POWER: ReadyReason.POWER}
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: ReadyReason
+    detail: str
 
 
 @dataclass
@@ -53,25 +87,53 @@ class ApiState:
     def scheduler_status(self) -> dict[str, Any] | None:
         return None if self.scheduler is None else self.scheduler.status()
 
+    def limits(self) -> tuple[LimitHeadroom, ...]:
+        return () if self.scheduler is None else self.scheduler.limits()
+
     def readiness(self) -> tuple[bool, str]:
-        """(ready, reason): not ready while loading, draining, paused or failed."""
+        """(ready, why) in words; `readiness_report()` has the typed reason."""
+        r = self.readiness_report()
+        return r.ready, r.detail
+
+    def readiness_report(self) -> Readiness:
+        """Ready means "send me work": lifecycle, engine, each limit, then the queue bound."""
         if self.server_state is not ServerState.SERVING:
-            return False, f"server {self.server_state.value}"
+            draining = self.server_state is ServerState.DRAINING
+            reason = ReadyReason.DRAINING if draining else ReadyReason.STOPPED
+            return Readiness(False, reason, f"server {self.server_state.value}")
         state = self.engine.state
+        if state is EngineState.LOADING:
+            return Readiness(False, ReadyReason.LOADING, "loading model")
+        if state not in (EngineState.READY, EngineState.UNLOADED, EngineState.PAUSED):
+            return Readiness(False, ReadyReason.FAILED, f"engine {state.value}")
+        for lim in self.limits():
+            if lim.blocking:
+                return Readiness(False, _LIMIT_REASON[lim.kind],
+                                 f"past the {lim.kind.value} limit: {lim.reason}")
+        paused = "paused by the scheduler (device hot or short of memory)"
+        if state is EngineState.PAUSED:
+            return Readiness(False, ReadyReason.PAUSED, paused)
         if state is EngineState.READY:
             try:
                 if self.engine.stats().knobs.paused:
-                    return False, "paused by the scheduler (device hot or short of memory)"
+                    return Readiness(False, ReadyReason.PAUSED, paused)
             except Exception:
-                return False, "engine stats unavailable"
-            return True, "ready"
+                return Readiness(False, ReadyReason.UNKNOWN, "engine stats unavailable")
+        load = self.admission.load()
+        if load.queue_full:
+            return Readiness(False, ReadyReason.QUEUE_FULL,
+                             f"queue full: {load.running} running, {load.waiting} waiting "
+                             f"of {load.max_queue}")
         if state is EngineState.UNLOADED:
-            return True, "model unloaded after idle keep-alive; reloads on the next request"
-        if state is EngineState.LOADING:
-            return False, "loading model"
-        if state is EngineState.PAUSED:
-            return False, "paused by the scheduler (device hot or short of memory)"
-        return False, f"engine {state.value}"
+            return Readiness(True, ReadyReason.UNLOADED,
+                             "model unloaded after idle keep-alive; reloads on the next request")
+        return Readiness(True, ReadyReason.READY, "ready")
+
+    def balancer_weight(self) -> AgentWeight:
+        """What the HAProxy agent check answers now (see edge.scheduler.headroom.agent_weight)."""
+        r = self.readiness_report()
+        return agent_weight(draining=self.server_state is not ServerState.SERVING, ready=r.ready,
+                            not_ready_reason=r.detail, limits=self.limits(), load=self.admission.load())
 
     # --- in-flight bookkeeping (used by drain) --------------------------
     def track(self, request_id: str, handle: RequestHandleLike) -> None:

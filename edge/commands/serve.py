@@ -48,6 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--embedding-model", default=None, metavar="MODEL",
                    help="a second model for /v1/embeddings (default: the served model's own weights)")
+    p.add_argument("--agent-port", type=int, default=None,
+                   help="HAProxy agent check port: answers the box's weight from its headroom (default off)")
+    p.add_argument("--agent-host", default=None,
+                   help="agent check bind address (default 127.0.0.1; others need an API key)")
+    p.add_argument("--sim-ambient-file", type=Path, default=None,
+                   help="with --telemetry sim:..., a file holding the room temperature in C "
+                   "(re-read as it changes)")
     p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
     add_settings_args(p)
     p.set_defaults(func=run)
@@ -55,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edge.api.app import create_app
+    from edge.service.agent import AgentServer, agent_bind
     from edge.service.notify import Notifier
     from edge.service.server import EdgeServer, make_config
 
@@ -76,8 +84,12 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         chat_template=args.chat_template,
         embedding_model=args.embedding_model,
+        agent_port=args.agent_port,
+        agent_host=args.agent_host,
+        sim_ambient_file=args.sim_ambient_file,
     )
     api_key = bind_api_key(settings)
+    agent_at = agent_bind(settings, keyed=api_key is not None)
     choice = choose_model(args.model, settings)
     engine = open_engine(choice.path, settings)
     scheduler = None if args.no_scheduler else build_scheduler(settings, engine)
@@ -91,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         plan=plan_of(engine, choice.path, settings),
     )
     notifier = Notifier()
+    state = app.state.edge
+    agent = None if agent_at is None else AgentServer(state.balancer_weight, *agent_at)
     server = EdgeServer(
         make_config(
             app, settings.host, settings.port, "debug" if getattr(args, "verbose", False) else "info"
@@ -99,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         engine,
         notifier,
         drain_timeout_s=settings.drain_timeout_s,
+        agent=agent,
     )
     stop = threading.Event()
     loader = threading.Thread(

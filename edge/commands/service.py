@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--host", default=None, help="bind address")
     i.add_argument("--port", type=int, default=None, help="TCP port")
     i.add_argument("--api-key-file", type=Path, default=None, help="bearer key file (needed off loopback)")
+    i.add_argument("--agent-port", type=int, default=None,
+                   help="serve the HAProxy agent check on this port (README \"Several boxes\")")
+    i.add_argument("--agent-host", default=None,
+                   help="agent check bind address (off loopback: needs the key)")
     i.add_argument("--watchdog-s", type=int, default=120, help="WatchdogSec (engine stall limit is half)")
     i.add_argument(
         "--exec", dest="exec_path", type=Path, default=None, help="edge executable (default: venv's)"
@@ -38,9 +42,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edge.service.agent import agent_bind
     from edge.service.unit import UnitOptions, default_exec_path, render_unit
 
-    settings = settings_from_args(args, host=args.host, port=args.port, api_key_file=args.api_key_file)
+    settings = settings_from_args(args, host=args.host, port=args.port, api_key_file=args.api_key_file,
+                                  agent_port=args.agent_port, agent_host=args.agent_host)
+    # refuse now what `edge serve` would refuse at start (the key file is read by the service)
+    agent_at = agent_bind(settings, keyed=bool(settings.api_key) or settings.api_key_file is not None)
+    extra: list[str] = []
+    if agent_at is not None and args.agent_port is not None:
+        extra += ["--agent-port", str(agent_at[1])]
+        if args.agent_host is not None:
+            extra += ["--agent-host", agent_at[0]]
     exec_path = (args.exec_path or default_exec_path()).absolute()
     opts = UnitOptions(
         exec_path=exec_path,
@@ -53,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         api_key_file=settings.api_key_file.absolute() if settings.api_key_file else None,
         watchdog_s=args.watchdog_s,
         drain_timeout_s=settings.drain_timeout_s,
+        extra_args=tuple(extra),
     )
     text = render_unit(opts)
     if args.print_only:

@@ -55,7 +55,19 @@ def summarize(s: dict[str, Any]) -> str:
             taken = "unknown (no CPU accounting readable yet)"
         cap = sched.get("threads_cap")
         lines.append(f"cpu       {taken}; decode threads {'capped at ' + str(cap) if cap else 'not capped'}")
+    bal = s.get("balancer")
+    if bal:
+        lines.append(balancer_line(bal))
     return "\n".join(lines)
+
+
+def balancer_line(bal: dict[str, Any]) -> str:
+    """What the HAProxy agent check answers now and why ('agent off' when --agent-port is unset)."""
+    agent = bal.get("agent")
+    where = f"agent {agent['host']}:{agent['port']}" if agent else "agent off"
+    factors = ", ".join(f"{k} {v:.2f}" for k, v in (bal.get("factors") or {}).items())
+    return (f"balancer  {bal.get('line')} ({bal.get('reason')}); {where}"
+            + (f"; headroom {factors}" if factors else ""))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from edge.clock import Clock, SystemClock
 from edge.errors import DevicePaused, EdgeError, InvalidRequest, QueueFull, RequestShed
 from edge.runtime.types import EngineStats, Priority
+from edge.scheduler.headroom import LoadState
 from edge.scheduler.memory import check_fits, free_kv_cells
 from edge.scheduler.state import Decision, MemoryMode, QueueState
 
@@ -65,6 +66,8 @@ class AdmissionLike(Protocol):
     def admit_all(self, priority: Priority, needs: Sequence[tuple[int, int]]) -> Sequence[TicketLike]: ...
 
     def status(self) -> dict[str, Any]: ...
+
+    def load(self) -> LoadState: ...
 
 
 class TicketState(str, Enum):
@@ -283,6 +286,13 @@ class Admission:
                 running_background=self._count(TicketState.RUNNING, Priority.BACKGROUND),
                 last_activity_s=self._last_activity_s,
             )
+
+    def load(self) -> LoadState:
+        """Running and waiting requests against the bounds (readiness, the balancer's weight)."""
+        with self._lock:
+            return LoadState(running=self._count(TicketState.RUNNING),
+                             waiting=self._count(TicketState.WAITING),
+                             n_slots=self.n_slots, max_queue=self.max_queue)
 
     def status(self) -> dict[str, Any]:
         """The queue as /v1/status shows it."""

@@ -18,11 +18,13 @@ from edge.clock import Clock, SystemClock
 from edge.runtime.types import EngineState, EngineStats, Knobs
 from edge.scheduler.admission import Admission
 from edge.scheduler.controller import decide
+from edge.scheduler.headroom import limits_of
 from edge.scheduler.state import (
     ControlInput,
     ControllerConfig,
     ControllerState,
     Decision,
+    LimitHeadroom,
     QueueState,
     ThermalMode,
 )
@@ -63,6 +65,8 @@ class SchedulerLike(Protocol):
     admission: Admission
 
     def status(self) -> dict[str, Any]: ...
+
+    def limits(self) -> tuple[LimitHeadroom, ...]: ...
 
     def start_thread(self, stop_event: threading.Event) -> threading.Thread: ...
 
@@ -208,6 +212,11 @@ class SchedulerLoop:
                                   daemon=True)
         thread.start()
         return thread
+
+    def limits(self) -> tuple[LimitHeadroom, ...]:
+        """Headroom to each limit under the last decision (none before the first tick)."""
+        d = self.decision
+        return () if d is None else limits_of(d, self.config)
 
     def status(self) -> dict[str, Any]:
         """The last decision and counters, for /v1/status and /metrics."""

@@ -209,6 +209,29 @@ class ControllerState:
     threads_pending_s: float | None = None  # since when contention has called for another cap
 
 
+class LimitKind(str, Enum):
+    """What a box can run short of; a load balancer is told the tightest one."""
+
+    THERMAL = "thermal"
+    MEMORY = "memory"
+    POWER = "power"
+
+
+@dataclass(frozen=True)
+class LimitHeadroom:
+    """How far the box is from one limit: 1 far below it, 0 where work must stop.
+
+    `blocking` is True while the box refuses new work for this limit (/ready 503).
+    The thermal and memory ones are derived from a Decision (edge.scheduler.headroom);
+    a controller that keeps other budgets (a power cap) adds its own to `Decision.limits`.
+    """
+
+    kind: LimitKind
+    headroom: float
+    blocking: bool
+    reason: str
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do now; `knobs` go to the engine, the flags to admission and the API."""
@@ -232,6 +255,8 @@ class Decision:
     evict: bool = False  # memory emergency: shed every request (interactive too) and unload the model
     threads_cap: int | None = None  # decode threads CPU contention allows (None: no cap)
     cpu_other_cores: float | None = None  # what the cap was decided on (None: unknown)
+    # limits besides heat and memory (e.g. a power budget): /ready and the balancer's agent read them
+    limits: tuple[LimitHeadroom, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         k = self.knobs

@@ -21,6 +21,7 @@ import uvicorn
 
 from edge.api.state import ApiState
 from edge.runtime.types import EngineLike, EngineState
+from edge.service.agent import AgentServer
 from edge.service.drain import DrainResult, drain
 from edge.service.notify import Notifier, watchdog_loop
 
@@ -37,6 +38,7 @@ class EdgeServer(uvicorn.Server):
         *,
         drain_timeout_s: float,
         stall_s: float = 60.0,
+        agent: AgentServer | None = None,
     ) -> None:
         super().__init__(config)
         self.state = state
@@ -44,6 +46,7 @@ class EdgeServer(uvicorn.Server):
         self.notifier = notifier
         self.drain_timeout_s = drain_timeout_s
         self.stall_s = stall_s
+        self.agent = agent  # the HAProxy agent check, on this loop: it keeps answering "drain" while draining
         self.drain_requested = False
         self.drain_result: DrainResult | None = None
         self.ready_sent = False
@@ -74,6 +77,11 @@ class EdgeServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if self.agent is not None and not self.should_exit:
+            try:
+                await self.agent.start()
+            except OSError as exc:
+                self.fail(f"agent check on {self.agent.host}:{self.agent.port}: {exc}")
         if self.notifier.watchdog_s:
             self._tasks.append(
                 asyncio.create_task(watchdog_loop(self.notifier, self.engine, time.monotonic, self.stall_s))
@@ -101,6 +109,8 @@ class EdgeServer(uvicorn.Server):
             self.notifier.stopping("stopping")
         self.state.cancel_all()
         await super().shutdown(sockets=sockets)
+        if self.agent is not None:
+            await self.agent.close()
         for t in self._tasks:
             t.cancel()
 

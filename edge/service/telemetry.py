@@ -40,17 +40,21 @@ def build_source(
     root: Path = Path("/"),
     system: Callable[[], str] = _platform.system,
     machine: Callable[[], str] = _platform.machine,
+    sim_ambient_file: Path | None = None,
 ) -> BuiltSource:
-    """The source for a telemetry spec; `clock` is the wall clock (None: the system's)."""
+    """The source for a telemetry spec; `clock` is the wall clock (None: the system's).
+    `sim_ambient_file` sets a simulated device's room temperature at run time (ignored otherwise)."""
     choice = resolve(spec, root, sysfs_root, procfs_root, system, machine)
     if choice.kind == "sim":
         assert choice.profile is not None
         scale = choice.time_scale
         sim_clock = ScaledClock(scale, clock) if scale != 1.0 else clock
-        return BuiltSource(sim_device.make_source(choice.profile, clock=sim_clock), sim_clock, scale)
+        source = sim_device.make_source(choice.profile, clock=sim_clock, ambient_file=sim_ambient_file)
+        return BuiltSource(source, sim_clock, scale)
     return BuiltSource(make_source(spec, sysfs_root, procfs_root, clock, root, system, machine), clock)
 
 
 def source_from_settings(settings: Settings, clock: Clock | None = None) -> BuiltSource:
     """`build_source` for `settings.telemetry` and its sysfs/procfs roots."""
-    return build_source(settings.telemetry, settings.sysfs_root, settings.procfs_root, clock)
+    return build_source(settings.telemetry, settings.sysfs_root, settings.procfs_root, clock,
+                        sim_ambient_file=settings.sim_ambient_file)

@@ -23,6 +23,7 @@ physics is deliberately simple and documented so results can be checked by hand:
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from edge.errors import ConfigError
 from edge.runtime.types import EngineState, EngineStats
 from edge.sim.throughput import ThroughputModel, load_throughput
 from edge.telemetry.sample import PressureLevel, Sample, ThermalZone
+
+log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 DIE_TAU_S = 4.0  # silicon die on its spreader: seconds
@@ -269,7 +272,9 @@ class SimulatedSource:
     follows the work the engine is really doing. `edge sim` steps the physics
     itself (`steps_device=False`) and adds seeded sensor noise (`noise_c`, the
     standard deviation of a reading in C), so the shipped monitor smooths what a
-    real sensor would give it.
+    real sensor would give it. `ambient_file` (`--sim-ambient-file`) holds the room
+    temperature in C and is re-read whenever it changes: `echo 60 > FILE` heats the
+    box at run time (a demo of throttling, or of a balancer routing away from it).
     """
 
     def __init__(
@@ -282,6 +287,7 @@ class SimulatedSource:
         steps_device: bool = True,
         noise_c: float = 0.0,
         seed: int = 0,
+        ambient_file: Path | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
@@ -294,12 +300,42 @@ class SimulatedSource:
         self._noise = random.Random(seed)
         self.name = f"sim:{device.profile.name}"
         self._last_s = self.clock.monotonic()
+        self.ambient_file = ambient_file
+        self._ambient_stamp: tuple[int, int] | None = None  # (mtime_ns, size) last read
+
+    def _read_ambient(self) -> None:
+        """Take a new room temperature from `ambient_file` when the file changed; bad values are logged."""
+        if self.ambient_file is None:
+            return
+        try:
+            st = self.ambient_file.stat()
+        except OSError:
+            return  # not written yet: the profile's ambient holds
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._ambient_stamp:
+            return
+        self._ambient_stamp = stamp
+        text = ""
+        try:
+            text = self.ambient_file.read_text().strip()
+            value = float(text)
+        except (OSError, ValueError):
+            log.warning("sim ambient file %s: not a temperature: %r", self.ambient_file, text[:40])
+            return
+        if not -50.0 <= value <= 150.0:
+            log.warning("sim ambient file %s: %.1f C is outside -50..150 C; ignored",
+                        self.ambient_file, value)
+            return
+        if value != self.device.ambient_c:
+            log.info("sim ambient %.1f C -> %.1f C (%s)", self.device.ambient_c, value, self.ambient_file)
+            self.device.ambient_c = value
 
     def set_load(self, active: int, threads: int, duty: float = 1.0) -> None:
         self.device.set_load(active, threads, duty)
 
     def read(self) -> Sample:
         now_s = self.clock.monotonic()
+        self._read_ambient()
         if self.steps_device:
             self.device.step(max(0.0, now_s - self._last_s) * self.time_scale)
         self._last_s = now_s
@@ -352,7 +388,9 @@ def make_source(
     load_provider: LoadProvider | None = None,
     throughput: ThroughputModel | None = None,
     order: Literal[1, 2] = 2,
+    ambient_file: Path | None = None,
 ) -> SimulatedSource:
     """Build the source behind `--telemetry sim:PROFILE` (a profile name or a .toml path)."""
     device = SimulatedDevice(load_sim_profile(profile_name), throughput=throughput, order=order)
-    return SimulatedSource(device, clock=clock, time_scale=time_scale, load_provider=load_provider)
+    return SimulatedSource(device, clock=clock, time_scale=time_scale, load_provider=load_provider,
+                           ambient_file=ambient_file)

@@ -31,22 +31,24 @@ def test_health_is_always_200_and_ready_follows_state() -> None:
     client = TestClient(app)
     assert client.get("/health").json() == {"status": "ok"}
     r = client.get("/ready")
-    assert r.status_code == 503 and r.json()["reason"] == "loading model" and r.headers["Retry-After"]
+    assert r.status_code == 503 and r.json()["reason"] == "loading" and r.headers["Retry-After"]
+    assert r.json()["detail"] == "loading model"
     engine.set_state(EngineState.READY)
     assert client.get("/ready").status_code == 200
     engine.apply(Knobs(active_limit=0, n_threads=1, paused=True))
     r = client.get("/ready")
-    assert r.status_code == 503 and "paused" in r.json()["reason"]
+    assert r.status_code == 503 and r.json()["reason"] == "paused" and "paused" in r.json()["detail"]
     engine.apply(Knobs(active_limit=2, n_threads=1))
     engine.set_state(EngineState.PAUSED)
     assert client.get("/ready").status_code == 503
     engine.set_state(EngineState.UNLOADED)  # keep-alive unload: requests are accepted and reload it
     r = client.get("/ready")
-    assert r.status_code == 200 and "unloaded" in r.json()["reason"]
+    assert r.status_code == 200 and r.json()["reason"] == "unloaded"
     engine.set_state(EngineState.READY)
     app.state.edge.begin_drain()
     r = client.get("/ready")
-    assert r.status_code == 503 and r.json()["reason"] == "server draining"
+    assert r.status_code == 503 and r.json()["reason"] == "draining"
+    assert r.json()["detail"] == "server draining"
     assert client.get("/health").status_code == 200
 
 
@@ -91,6 +93,9 @@ class FakeScheduler:
 
     def start_thread(self, stop_event: Any) -> Any:
         raise AssertionError("the app never starts the scheduler")
+
+    def limits(self) -> tuple:
+        return ()
 
     def status(self) -> dict[str, Any]:
         return {

@@ -167,7 +167,7 @@ def test_sim_telemetry_is_delegated(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         def close(self) -> None:
             made.append("closed")
 
-    def make_source(profile: str, clock: object = None) -> SimSource:
+    def make_source(profile: str, clock: object = None, ambient_file: object = None) -> SimSource:
         made.append(profile)
         return SimSource()
 

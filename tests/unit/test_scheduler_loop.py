@@ -240,3 +240,24 @@ def test_memory_emergency_sheds_everything_then_unloads() -> None:
     assert d.evict and d.unload and "memory:evict" in d.throttle_reasons
     assert len(errors) == 2 and all(isinstance(e, RequestShed) for e in errors)
     assert engine.unload_calls == 1 and loop.status()["evictions"] == 1
+
+
+def test_limits_follow_the_last_decision_for_ready_and_the_balancer() -> None:
+    from edge.scheduler.state import LimitKind
+
+    clock = ManualClock()
+    readings = [Reading(0.0, 50.0), Reading(0.0, 88.0, slope_c_per_s=0.2), Reading(0.0, 97.5)]
+    loop = SchedulerLoop(ScriptedMonitor(readings), _engine(), clock=clock, config=CFG)
+    assert loop.limits() == ()  # before the first decision nothing is known, nothing blocks
+    cool = loop.tick()
+    thermal = loop.limits()[0]
+    assert cool.mode is ThermalMode.NOMINAL and thermal.kind is LimitKind.THERMAL
+    assert thermal.headroom == 1.0 and not thermal.blocking
+    clock.advance(1.0)
+    loop.tick()
+    warm = loop.limits()[0]
+    assert 0.0 < warm.headroom < 1.0 and not warm.blocking and "forecast" in warm.reason
+    clock.advance(1.0)
+    hot = loop.tick()
+    assert hot.mode is ThermalMode.GUARD and loop.limits()[0].blocking
+    assert [lim.kind for lim in loop.limits()] == [LimitKind.THERMAL, LimitKind.MEMORY]

@@ -165,3 +165,37 @@ def test_device_keeps_an_account_of_peak_temperature_and_time_near_the_limit() -
     src = SimulatedSource(dev, ManualClock())
     st = src.status()
     assert st["max_temp_c"] == round(peak, 3) and st["hw_throttle_events"] == dev.throttle_events >= 1
+
+
+def test_ambient_file_heats_the_device_at_run_time(tmp_path, caplog) -> None:
+    room = tmp_path / "ambient"
+    clock = ManualClock()
+    src = SimulatedSource(_device(1), clock=clock, ambient_file=room)
+    src.read()
+    assert src.device.ambient_c == 25.0  # no file yet: the profile's room
+    room.write_text("60\n")
+    src.read()
+    assert src.device.ambient_c == 60.0 and src.status()["ambient_c"] == 60.0
+    clock.advance(2000.0)
+    assert src.read().temp_c == pytest.approx(src.device.steady_state_c(), abs=0.05)
+    assert src.device.temp_c > 60.0 + 20.0  # idle power on top of the hot room
+    for bad in ("warm", "400"):  # ignored with a warning; the last good value holds
+        room.write_text(bad)
+        src.read()
+        assert src.device.ambient_c == 60.0
+    assert "not a temperature" in caplog.text and "outside -50..150" in caplog.text
+    room.write_text("25")
+    src.read()
+    assert src.device.ambient_c == 25.0
+
+
+def test_sim_ambient_file_setting_reaches_the_source(tmp_path) -> None:
+    from edge.config import load_settings
+    from edge.service.telemetry import source_from_settings
+
+    room = tmp_path / "room"
+    room.write_text("45")
+    built = source_from_settings(load_settings(telemetry="sim:jetson-orin-nano@10", sim_ambient_file=room))
+    assert built.simulated is not None and built.simulated.ambient_file == room
+    built.simulated.read()
+    assert built.simulated.device.ambient_c == 45.0
