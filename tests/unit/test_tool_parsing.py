@@ -98,7 +98,8 @@ def test_possible_call_start_is_held_back_and_prose_streams_at_once() -> None:
     assert sc.feed("s are great") == [("content", " <tools are great")]
     sc = CallScanner("hermes", NAMES)
     ev = sc.feed('Calling.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
-    assert ev[0] == ("content", "Calling.") and ev[1][0] == "call"  # emitted as soon as the tag closes
+    assert ev[0] == ("content", "Calling.")  # then the whole call, as soon as the tag closed
+    assert [k for k, _ in ev[1:]] == ["call_start", "call_args", "call"]
 
 
 def test_whitespace_next_to_calls_is_dropped() -> None:
@@ -133,12 +134,16 @@ def test_generic_format_and_openai_shaped_calls() -> None:
     assert [(c.name, c.arguments) for c in calls] == [("add", '{"a": 1}')]  # string arguments kept as sent
 
 
-def test_forced_output_is_parsed_at_the_end_and_a_cut_call_stays_content() -> None:
+def test_forced_output_streams_and_a_call_cut_before_its_name_stays_content() -> None:
     content, calls, events = scan(QWEN_TAGGED, forced=True, step=2)
-    assert len(calls) == 1 and content == "" and events[0][0] == "call"
-    cut = QWEN_TAGGED[:30]  # max_tokens ran out inside the arguments
+    assert len(calls) == 1 and content == "" and events[0][0] == "call_start"
+    cut = QWEN_TAGGED[:30]  # max_tokens ran out inside the name
     content, calls, _ = scan(cut, forced=True)
     assert calls == [] and content == cut
+    cut = QWEN_TAGGED[:60]  # ... inside the arguments: the call had started streaming, it stays a call
+    content, calls, _ = scan(cut, forced=True, step=3)
+    assert [c.name for c in calls] == ["get_weather"] and content == ""
+    assert calls[0].arguments == cut[cut.index('{"city'):]
 
 
 @pytest.mark.parametrize("bad", ['{"name": "add", "arguments": [1]}', '{"name": "", "arguments": {}}',
