@@ -190,3 +190,57 @@ def test_unconvertible_schema_raises() -> None:
     with pytest.raises(InvalidRequest):
         call_grammar("hermes", [("x", {"type": "object", "properties": {"p": {"$ref": "http://elsewhere"}}})],
                      False)
+
+
+# --- streaming: the name as soon as it is known, then argument pieces ---------------------------
+
+
+@pytest.mark.parametrize(("fmt", "text", "forced"), [
+    ("hermes", QWEN_TAGGED, False),
+    ("hermes", QWEN_FENCED, False),
+    ("hermes", QWEN_BARE_PRETTY, False),
+    ("hermes", QWEN_TAGGED, True),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "n": [1, {"a": "}"}]}}',
+     False),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Oslo"}}', True),
+    ("mistral", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 3}}, '
+                '{"name": "get_weather", "arguments": {"city": "Rome"}}]', False),
+    ("generic", '{"name": "add", "arguments": {"a": "x\\"}", "b": 3}}', False),
+])
+def test_calls_stream_token_by_token_and_the_deltas_join_to_the_arguments(
+        fmt: str, text: str, forced: bool) -> None:
+    sc = CallScanner(fmt, NAMES, forced=forced)
+    events: list[tuple[str, object]] = []
+    seen_start_at: list[int] = []
+    for i, ch in enumerate(text):  # one character per token: the finest a model can stream
+        for ev in sc.feed(ch):
+            events.append(ev)
+            if ev[0] == "call_start":
+                seen_start_at.append(i)
+    events += sc.finish()
+    calls = [v for k, v in events if k == "call"]
+    assert calls and calls == sc.calls
+    for call in calls:
+        assert isinstance(call, ParsedCall)
+        starts = [v for k, v in events if k == "call_start" and v.id == call.id]  # type: ignore[attr-defined]
+        [start] = starts
+        pieces = [v.text for k, v in events if k == "call_args" and v.index == start.index]  # type: ignore[attr-defined]
+        assert len(pieces) > 3 and "".join(pieces) == call.arguments
+        assert isinstance(json.loads(call.arguments), dict)
+    # the first call was announced long before the text ended, while its arguments decoded
+    assert seen_start_at[0] < len(text) - 10
+    kinds = [k for k, _ in events]
+    assert kinds.index("call_start") < kinds.index("call_args") < kinds.index("call")
+    assert not [v for k, v in events if k == "content" and str(v).strip()]
+
+
+def test_an_undeclared_bare_name_is_held_then_released_as_content() -> None:
+    sc = CallScanner("hermes", NAMES)
+    out = [ev for ch in QWEN_UNKNOWN_NAME for ev in sc.feed(ch)]
+    assert out == []  # held: it might have been a call
+    assert sc.finish() == [("content", QWEN_UNKNOWN_NAME)]
+
+
+def test_trailing_prose_after_a_streamed_bare_call_is_content() -> None:
+    content, calls, _ = scan(QWEN_BARE + "\nThat adds them.", step=1)
+    assert [c.name for c in calls] == ["add"] and content == "That adds them."
