@@ -71,7 +71,8 @@ def test_items_become_chat_messages_instructions_first_calls_join_the_assistant_
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
         {"type": "reasoning", "id": "rs_1", "summary": []},
         {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-        {"role": "user", "content": [{"type": "input_text", "text": "and "}, {"type": "input_text", "text": "Rome?"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "and "},
+                                     {"type": "input_text", "text": "Rome?"}]},
     ]})
     assert not isinstance(body.input, str)
     msgs = to_messages(body.instructions, list(body.input))
@@ -112,7 +113,8 @@ def test_unsupported_or_bad_fields_are_a_400_naming_the_param(extra: dict[str, A
 def test_harmless_fields_are_accepted_and_ignored() -> None:
     client, _, _ = make()
     r = client.post("/v1/responses", json={
-        "model": M, "input": "hi", "user": "u", "service_tier": "auto", "include": ["reasoning.encrypted_content"],
+        "model": M, "input": "hi", "user": "u", "service_tier": "auto",
+        "include": ["reasoning.encrypted_content"],
         "truncation": "disabled", "stream_options": {"include_obfuscation": False}, "metadata": {"k": "v"},
         "reasoning": {"effort": None}, "background": False, "safety_identifier": "s", "prompt_cache_key": "p",
         "text": {"verbosity": "low"}, "parallel_tool_calls": True})
@@ -134,8 +136,9 @@ def test_plain_response_shape_usage_and_sampling() -> None:
     assert item["content"][0] == {"type": "output_text", "text": "Hello there friend", "annotations": [],
                                   "logprobs": []}
     # "<system> Be brief. <user> hi there <assistant>" = 7 words; 4 tokens of 5 characters
-    assert body["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 4,
-                             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 11}
+    assert body["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0},
+                             "output_tokens": 4, "output_tokens_details": {"reasoning_tokens": 0},
+                             "total_tokens": 11}
     req = engine.submitted[-1]
     assert req.max_tokens == 50 and req.sampling.temperature == 0.2 and req.sampling.top_p == 0.5
     assert body["instructions"] == "Be brief." and body["temperature"] == 0.2
@@ -146,7 +149,8 @@ def test_cut_output_is_incomplete() -> None:
     client, _, _ = make()
     body = client.post("/v1/responses", json={"model": M, "input": "hi", "max_output_tokens": 2}).json()
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert body["output"][0]["status"] == "incomplete" and body["output"][0]["content"][0]["text"] == "Hello ther"
+    item = body["output"][0]
+    assert item["status"] == "incomplete" and item["content"][0]["text"] == "Hello ther"
     evs = events(client.post("/v1/responses", json={"model": M, "input": "hi", "max_output_tokens": 2,
                                                     "stream": True}).content)
     assert evs[-1]["type"] == "response.incomplete" and evs[-1]["response"]["status"] == "incomplete"
@@ -158,11 +162,13 @@ def test_text_stream_event_sequence() -> None:
     assert r.headers["content-type"].startswith("text/event-stream")
     evs = events(r.content)
     assert [e["type"] for e in evs] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added",
         *["response.output_text.delta"] * 4, "response.output_text.done", "response.content_part.done",
         "response.output_item.done", "response.completed"]
     assert evs[0]["response"]["status"] == "in_progress" and evs[0]["response"]["output"] == []
-    assert "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta") == "Hello there friend"
+    text = "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta")
+    assert text == "Hello there friend"
     done = evs[-1]["response"]
     assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "Hello there friend"
     assert done["id"] == evs[0]["response"]["id"] and done["usage"]["output_tokens"] == 4
@@ -217,8 +223,10 @@ def test_forced_tool_choice_sets_the_grammar_and_text_format_json_schema_too() -
                                               "tool_choice": named}).status_code == 200
     g = engine.submitted[-1].sampling.grammar
     assert g is not None and g.startswith('root ::= "<tool_call>\\n"')
-    fmt = {"type": "json_schema", "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}
-    assert client.post("/v1/responses", json={"model": M, "input": "x", "text": {"format": fmt}}).status_code == 200
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "name": "n", "schema": schema}
+    r = client.post("/v1/responses", json={"model": M, "input": "x", "text": {"format": fmt}})
+    assert r.status_code == 200
     assert engine.submitted[-1].sampling.grammar is not None
     assert client.post("/v1/responses", json={"model": M, "input": "x",
                                               "text": {"format": {"type": "json_object"}}}).status_code == 200
@@ -227,7 +235,8 @@ def test_forced_tool_choice_sets_the_grammar_and_text_format_json_schema_too() -
 def test_engine_error_mid_stream_is_an_error_event_then_response_failed() -> None:
     client, _, _ = make(fail_with=EngineStopped("boom"))
     evs = events(client.post("/v1/responses", json={"model": M, "input": "hi", "stream": True}).content)
-    assert [e["type"] for e in evs] == ["response.created", "response.in_progress", "error", "response.failed"]
+    kinds = [e["type"] for e in evs]
+    assert kinds == ["response.created", "response.in_progress", "error", "response.failed"]
     assert evs[2]["code"] == "engine_stopped" and evs[3]["response"]["status"] == "failed"
     assert evs[3]["response"]["error"]["code"] == "engine_stopped"
     r = client.post("/v1/responses", json={"model": M, "input": "hi"})
