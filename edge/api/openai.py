@@ -13,7 +13,8 @@ when the body is larger than `INLINE_WORK_BYTES`, so /health and running streams
 never wait behind a 4 MiB prompt; a small body is handled inline (faster than a
 thread hop, and deterministic for tests).
 Tool calls (`edge.api.tools`) become `tool_calls` in the message, or
-`delta.tool_calls` chunks (id, type and name first, then the arguments) when streaming.
+`delta.tool_calls` chunks when streaming: id, type and name as soon as the name is decoded,
+then the arguments in pieces as they decode (`edge.toolcalls`).
 """
 
 from __future__ import annotations

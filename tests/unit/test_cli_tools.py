@@ -82,3 +82,14 @@ def test_chat_repl_asks_for_each_result_and_the_model_answers_with_it() -> None:
     assert history[2]["content"] == '{"temp_c": 21}' and history[2]["name"] == "get_weather"
     assert history[2]["tool_call_id"] == history[1]["tool_calls"][0]["id"]
     assert history[3]["content"] == "It is 21 degrees." and "tool_calls" not in history[3]
+
+
+def test_tool_parsing_for_the_cli_loads_no_http_layer() -> None:
+    """runtime and the CLI's tool support must not pull in edge.api (FastAPI) for parsing calls."""
+    import subprocess
+    import sys
+
+    code = ("import sys, edge.toolcalls, edge.commands.run, edge.commands.chat; "
+            "bad = sorted(m for m in sys.modules if m.startswith(('edge.api', 'fastapi'))); "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
