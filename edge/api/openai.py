@@ -116,7 +116,7 @@ async def chat_completions(request: Request) -> Response:
 
     async def stream(g: Generation) -> AsyncIterator[bytes]:
         yield _sse(chunk({"role": "assistant", "content": ""}, None))
-        scanner = plan.scanner() if plan.active else None
+        scanner = plan.scanner(stream_calls=True) if plan.active else None
         n_calls = 0
 
         def deltas(events: list[tuple[str, Any]]) -> list[dict[str, Any]]:

@@ -220,7 +220,7 @@ async def create_response(request: Request) -> Response:
         b = OutputBuilder()
         yield _event(b.event("response.created", response=obj("in_progress", [], None)))
         yield _event(b.event("response.in_progress", response=obj("in_progress", [], None)))
-        scanner = plan.scanner() if plan.active else None
+        scanner = plan.scanner(stream_calls=True) if plan.active else None
         n_ended = 0
         async for _, ev in g.events():
             if ev.text:
@@ -248,7 +248,7 @@ async def create_response(request: Request) -> Response:
 
     def full(g: Generation) -> dict[str, Any]:
         b = OutputBuilder()
-        scanner = plan.scanner() if plan.active else None
+        scanner = plan.scanner(stream_calls=True) if plan.active else None  # the same items as streamed
         text = g.outcomes[0].text
         b.feed(scanner.feed(text) + scanner.finish() if scanner else [("content", text)], 0)
         b.finish(g.outcomes[0].finish_reason is FinishReason.LENGTH)

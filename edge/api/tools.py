@@ -57,8 +57,9 @@ class ToolPlan:
     def forced(self) -> bool:
         return self.mode in ("required", "named")
 
-    def scanner(self) -> CallScanner:
-        return CallScanner(self.fmt, self.names, forced=self.forced)
+    def scanner(self, stream_calls: bool = False) -> CallScanner:
+        """The call parser; `stream_calls`: also call_start/call_args events as calls decode."""
+        return CallScanner(self.fmt, self.names, forced=self.forced, stream_calls=stream_calls)
 
 
 def plan_tools(body: ChatCompletionRequest, info: TemplateInfo | None) -> ToolPlan:

@@ -53,7 +53,8 @@ def scanner_for(engine: EngineLike, tools: list[dict[str, Any]]) -> CallScanner:
     if info is None or not info.tools:
         raise InvalidRequest("this model's chat template cannot show tools; try --chat-template chatml-tools",
                              "--tools")
-    return CallScanner(info.tool_format or "generic", frozenset(t["function"]["name"] for t in tools))
+    return CallScanner(info.tool_format or "generic", frozenset(t["function"]["name"] for t in tools),
+                       stream_calls=True)
 
 
 def print_events(events: list[tuple[str, Any]], out: TextIO) -> None:

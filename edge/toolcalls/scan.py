@@ -154,13 +154,15 @@ Event = tuple[str, Any]  # ("content", str) | ("call_start", CallStart) | ("call
 class CallScanner:
     """Incremental split of model output into content and tool calls (see the module docstring).
 
-    `feed(text)` and `finish()` return events; every call gives call_start, call_args (zero or
-    more), call, in that order. `forced` (grammar-constrained output): any function name counts.
+    `feed(text)` and `finish()` return events: content and, per call, call_start, call_args (zero
+    or more), call, in that order; without `stream_calls` only content and call (a client that
+    takes whole calls). `forced` (grammar-constrained output): any function name counts.
     """
 
     fmt: str
     names: frozenset[str]
     forced: bool = False
+    stream_calls: bool = False
     _buf: str = ""  # output not yet turned into events
     _started: bool = False  # non-whitespace content was emitted: a bare call can no longer start
     _whole: bool = False  # the output (from its start) may be one bare call: hold all of it
@@ -170,6 +172,15 @@ class CallScanner:
     calls: list[ParsedCall] = field(default_factory=list)
 
     def feed(self, text: str) -> list[Event]:
+        return self._shown(self._feed(text))
+
+    def finish(self) -> list[Event]:
+        return self._shown(self._finish())
+
+    def _shown(self, events: list[Event]) -> list[Event]:
+        return events if self.stream_calls else [e for e in events if e[0] in ("content", "call")]
+
+    def _feed(self, text: str) -> list[Event]:
         self._buf += text
         events: list[Event] = []
         if self._whole:
@@ -194,7 +205,7 @@ class CallScanner:
             if not opened:
                 return events
 
-    def finish(self) -> list[Event]:
+    def _finish(self) -> list[Event]:
         events: list[Event] = []
         text, self._buf = self._buf, ""
         if self._whole:

@@ -38,7 +38,7 @@ QWEN_TAGGED = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris
 def scan(text: str, fmt: str = "hermes", *, step: int = 0, forced: bool = False,
          names: frozenset[str] = NAMES) -> tuple[str, list[ParsedCall], list[tuple[str, object]]]:
     """Feed `text` in pieces of `step` characters (0: at once); (content, calls, events)."""
-    sc = CallScanner(fmt, names, forced=forced)
+    sc = CallScanner(fmt, names, forced=forced, stream_calls=True)
     events: list[tuple[str, object]] = []
     pieces = [text] if step == 0 else [text[i:i + step] for i in range(0, len(text), step)]
     for p in pieces:
@@ -96,7 +96,7 @@ def test_possible_call_start_is_held_back_and_prose_streams_at_once() -> None:
     sc = CallScanner("hermes", NAMES)
     assert sc.feed("Hello <tool") == [("content", "Hello")]  # "<tool" may open a tag; the space waits too
     assert sc.feed("s are great") == [("content", " <tools are great")]
-    sc = CallScanner("hermes", NAMES)
+    sc = CallScanner("hermes", NAMES, stream_calls=True)
     ev = sc.feed('Calling.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
     assert ev[0] == ("content", "Calling.")  # then the whole call, as soon as the tag closed
     assert [k for k, _ in ev[1:]] == ["call_start", "call_args", "call"]
@@ -209,7 +209,7 @@ def test_unconvertible_schema_raises() -> None:
 ])
 def test_calls_stream_token_by_token_and_the_deltas_join_to_the_arguments(
         fmt: str, text: str, forced: bool) -> None:
-    sc = CallScanner(fmt, NAMES, forced=forced)
+    sc = CallScanner(fmt, NAMES, forced=forced, stream_calls=True)
     events: list[tuple[str, object]] = []
     seen_start_at: list[int] = []
     for i, ch in enumerate(text):  # one character per token: the finest a model can stream
@@ -244,3 +244,12 @@ def test_an_undeclared_bare_name_is_held_then_released_as_content() -> None:
 def test_trailing_prose_after_a_streamed_bare_call_is_content() -> None:
     content, calls, _ = scan(QWEN_BARE + "\nThat adds them.", step=1)
     assert [c.name for c in calls] == ["add"] and content == "That adds them."
+
+
+def test_without_stream_calls_only_content_and_whole_calls_come_out() -> None:
+    """Clients that take whole calls (Ollama's shape) see the events they always did."""
+    sc = CallScanner("hermes", NAMES)
+    events = [ev for ch in "Sure.\n" + QWEN_TAGGED for ev in sc.feed(ch)] + sc.finish()
+    kinds = [k for k, _ in events]
+    assert set(kinds) == {"content", "call"} and kinds[-1] == "call" and kinds.count("call") == 1
+    assert json.loads(sc.calls[0].arguments) == {"city": "Paris"}
