@@ -43,12 +43,11 @@ from edge.api.generation import (
 )
 from edge.api.logprobs import chat_logprobs, completion_logprobs
 from edge.api.respond import INLINE_WORK_BYTES as INLINE_WORK_BYTES
-from edge.api.respond import api_state as _state
-from edge.api.respond import error_chunk as _error_chunk
 from edge.api.respond import json_body as _json_body
-from edge.api.respond import respond as _respond
-from edge.api.respond import sse as _sse
 from edge.api.schemas import ChatCompletionRequest, CompletionRequest, parse_body, request_body_doc
+from edge.api.sse import error_chunk as _error_chunk
+from edge.api.sse import respond as _respond
+from edge.api.sse import sse as _sse
 from edge.api.state import ApiState
 from edge.api.tool_parse import call_delta, call_json
 from edge.api.tools import ToolPlan, check_history, plan_tools, template_messages
@@ -57,6 +56,11 @@ from edge.runtime.types import TokenLogprob, Usage
 
 router = APIRouter()
 FINGERPRINT = f"edge-{__version__}"
+
+
+def _state(request: Request) -> ApiState:
+    st: ApiState = request.app.state.edge
+    return st
 
 
 def _usage_json(u: Usage) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from edge.api.generation import (
     sampling_for,
     template_info,
 )
-from edge.api.respond import api_state, json_body, respond
+from edge.api.respond import json_body
 from edge.api.responses_output import OutputBuilder
 from edge.api.responses_schemas import (
     FunctionCallItem,
@@ -47,6 +47,7 @@ from edge.api.responses_schemas import (
     parse_responses_request,
 )
 from edge.api.schemas import ChatMessage, FunctionCall, ToolCall, request_body_doc
+from edge.api.sse import respond
 from edge.api.state import ApiState
 from edge.api.tools import ToolPlan, plan_tool_calls, template_messages
 from edge.errors import InvalidRequest, PreviousResponseNotFound, ResponseNotFound
@@ -55,6 +56,11 @@ from edge.runtime.types import FinishReason, SamplingParams, Usage
 
 router = APIRouter()
 _ITEMS = TypeAdapter(list[InputItem])
+
+
+def api_state(request: Request) -> ApiState:
+    st: ApiState = request.app.state.edge
+    return st
 
 
 # --- input items -> chat messages ---------------------------------------------------------------
