@@ -299,3 +299,42 @@ def test_store_is_an_lru_bounded_by_count_bytes_and_age() -> None:
 def test_parse_refuses_non_object_body() -> None:
     with pytest.raises(InvalidRequest):
         parse_responses_request([1, 2])
+
+
+# --- admission and disconnects: the same as chat ----------------------------------------------
+
+
+def test_overload_is_503_with_retry_after_and_a_stream_disconnect_frees_the_slot() -> None:
+    import asyncio
+
+    from edge.runtime.types import FinishReason
+    from tests.fakes import AsgiCall, settle
+
+    async def main() -> None:
+        app, engine = make_app(ScriptedEngine(n_slots=1, autostep=False), max_queue=0)
+        streaming = AsgiCall(app, "POST", "/v1/responses", {"model": M, "input": "hi", "stream": True})
+        task = asyncio.create_task(streaming.run())
+        await settle()
+        engine.step(2)
+        await settle()
+        assert b"response.output_text.delta" in streaming.body_bytes
+        refused = AsgiCall(app, "POST", "/v1/responses", {"model": M, "input": "hi"})
+        await refused.run()
+        assert refused.status == 503 and refused.header("retry-after") == "1"
+        assert json.loads(refused.body_bytes)["error"]["code"] == "queue_full"
+        handle = engine.active[0]
+        streaming.disconnect()
+        await settle()
+        await asyncio.wait_for(task, 1.0)
+        assert handle.cancel_requested and app.state.edge.in_flight == {}
+        engine.step()
+        assert engine.active == [] and handle.finish_reason is FinishReason.CANCELLED
+        again = AsgiCall(app, "POST", "/v1/responses", {"model": M, "input": "hi"})
+        t = asyncio.create_task(again.run())
+        await settle()
+        engine.step(10)
+        await settle()
+        await asyncio.wait_for(t, 1.0)
+        assert again.status == 200
+
+    asyncio.run(main())
