@@ -52,6 +52,10 @@ setup(
             "PyYAML>=5.1",
             # the chat page's browser test drives Debian's /usr/bin/chromium (never `playwright install`)
             "playwright>=1.40",
+            # the API fuzz test generates requests from /openapi.json (tests/unit/test_api_fuzz.py)
+            "schemathesis>=4.0,<5",
+            # a LangChain chat model pointed at edge (tests/e2e/test_responses_e2e.py)
+            "langchain-openai>=0.3",
         ],
     },
     entry_points={"console_scripts": ["edge=edge.cli:main"]},

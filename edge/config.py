@@ -124,6 +124,17 @@ class Settings(BaseSettings):
         "chatml-tools gives a ChatML model (e.g. SmolLM2) Hermes-style tool calling."
     )
 
+    # --- /v1/responses store ---
+    responses_store_max: int = Field(
+        256, ge=0, le=100_000, description="Responses kept in memory for previous_response_id (0: none)."
+    )
+    responses_store_max_bytes: int = Field(
+        64 << 20, ge=0, le=1 << 34, description="Bound on the size (JSON text) of the kept responses."
+    )
+    responses_store_ttl_s: float = Field(
+        3600.0, gt=0.0, le=30 * 86400.0, description="Seconds a kept response stays retrievable."
+    )
+
     # --- telemetry ---
     telemetry: str = Field(
         "auto", description="Telemetry source: auto, linux, jetson, macos, none, or sim:PROFILE[@SCALE] "

@@ -260,3 +260,29 @@ class ServerError(EdgeError):
 
     def __str__(self) -> str:
         return f"server answered {self.status}: {self.message}"
+
+
+@dataclass
+class ResponseNotFound(EdgeError):
+    """`GET/DELETE /v1/responses/{id}`: no such stored response (never stored, evicted, or expired)."""
+
+    response_id: str
+    kind = ErrorKind.NOT_FOUND
+
+    def __str__(self) -> str:
+        return (f"response {self.response_id!r} not found (responses are kept in memory, bounded in "
+                "number, size and age, and only when sent with store: true)")
+
+
+@dataclass
+class PreviousResponseNotFound(EdgeError):
+    """`previous_response_id` names a response this server no longer (or never) kept."""
+
+    response_id: str
+    field: str = "previous_response_id"
+    kind = ErrorKind.NOT_FOUND
+
+    def __str__(self) -> str:
+        return (f"previous response {self.response_id!r} not found: it was never stored (store: false), "
+                "or it was evicted or expired from this server's bounded in-memory store; send the "
+                "conversation as input items instead")

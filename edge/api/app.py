@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge import __version__
-from edge.api import embeddings, openai, ops, page
+from edge.api import embeddings, openai, ops, page, responses
 from edge.api.errors import error_payload, to_http
 from edge.api.metrics import ApiMetrics
 from edge.api.middleware import (
@@ -40,7 +40,9 @@ from edge.api.middleware import (
     JsonOnlyMiddleware,
     RequestIdMiddleware,
 )
-from edge.api.schemas import openapi_components
+from edge.api.response_store import ResponseStore
+from edge.api.responses_schemas import RESPONSES_MODELS
+from edge.api.schemas import REQUEST_MODELS, openapi_components
 from edge.api.state import ApiState
 from edge.config import Settings
 from edge.errors import EdgeError
@@ -90,10 +92,13 @@ def create_app(
         scheduler=scheduler,
         plan=plan,
         clock=clock,
+        responses=ResponseStore(settings.responses_store_max, settings.responses_store_max_bytes,
+                                settings.responses_store_ttl_s),
     )
     holder["st"] = st
     app.state.edge = st
     app.include_router(openai.router)
+    app.include_router(responses.router)  # /v1/responses
     app.include_router(ops.router)
     app.include_router(embeddings.router)
     app.include_router(page.router)  # GET /: the built-in chat page
@@ -107,7 +112,7 @@ def create_app(
         app.add_middleware(
             AllowListCORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "X-Edge-Priority"],
         )
     app.add_middleware(CountMiddleware, metrics=metrics)
@@ -121,7 +126,8 @@ def _openapi(app: FastAPI, keyed: bool) -> dict[str, Any]:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
                       description="OpenAI-compatible API of edge (on-device LLM runtime).")
-    doc.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components())
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(
+        openapi_components((*REQUEST_MODELS, *RESPONSES_MODELS)))
     error = {"description": "error", "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/Error"}}}}
     for item in doc.get("paths", {}).values():

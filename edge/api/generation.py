@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from edge.api.schemas import ResponseFormat, _SamplingFields
+from edge.api.schemas import ResponseFormat, _Sampling
 from edge.api.state import ApiState, ServerState
 from edge.errors import ContextOverflow, EdgeError, EngineStopped, InvalidRequest
 from edge.runtime.chat_template import TemplateInfo
@@ -51,18 +51,25 @@ def template_info(engine: EngineLike) -> TemplateInfo | None:
     return engine.chat_template_info
 
 
-def grammar_for(fmt: ResponseFormat | None) -> str | None:
-    """GBNF for `response_format`, from llama.cpp's own converter (InvalidRequest when it cannot)."""
+def grammar_for(fmt: ResponseFormat | None, param: str = "response_format") -> str | None:
+    """GBNF for `response_format` (or /v1/responses' `text.format`, named by `param`), from
+    llama.cpp's own converter (InvalidRequest when it cannot)."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
         return json_schema_to_grammar(None)
     if fmt.json_schema is None or not fmt.json_schema.schema_:
-        raise InvalidRequest("response_format json_schema needs json_schema.schema", "response_format")
-    return json_schema_to_grammar(fmt.json_schema.schema_)
+        where = "json_schema.schema" if param == "response_format" else "schema"
+        raise InvalidRequest(f"{param} json_schema needs {where}", param)
+    try:
+        return json_schema_to_grammar(fmt.json_schema.schema_)
+    except InvalidRequest as exc:
+        if param == "response_format":
+            raise
+        raise InvalidRequest(f"{param}: {exc}", param) from None
 
 
-def sampling_for(body: _SamplingFields, grammar: str | None) -> SamplingParams:
+def sampling_for(body: _Sampling, grammar: str | None) -> SamplingParams:
     base = SamplingParams()
     overrides: dict[str, Any] = {
         name: getattr(body, name)
@@ -99,6 +106,7 @@ def prepare_job(
     sampling: SamplingParams,
     stop: tuple[str, ...],
     logprobs: int | None = None,
+    max_tokens_param: str = "max_tokens",
 ) -> Job:
     """Tokenize and check against the context and the max_tokens cap, before any queueing."""
     tokens = list(prompt) if isinstance(prompt, list) else st.engine.tokenize(prompt, add_bos)
@@ -110,7 +118,8 @@ def prepare_job(
     cap = st.settings.max_tokens_cap
     if requested_max_tokens is not None and requested_max_tokens > cap:
         raise InvalidRequest(
-            f"max_tokens is {requested_max_tokens}; this server allows at most {cap}", "max_tokens"
+            f"{max_tokens_param} is {requested_max_tokens}; this server allows at most {cap}",
+            max_tokens_param,
         )
     max_tokens = requested_max_tokens if requested_max_tokens is not None else min(cap, n_ctx - len(tokens))
     req = GenerationRequest(prompt=tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, add_bos=False,

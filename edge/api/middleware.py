@@ -39,6 +39,7 @@ KNOWN_PATHS: frozenset[str] = frozenset(
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/embeddings",
+        "/v1/responses",
         "/openapi.json",
     }
 )
@@ -161,7 +162,9 @@ class CountMiddleware:
         endpoint = (
             path
             if path in KNOWN_PATHS
-            else ("/v1/models/{id}" if path.startswith("/v1/models/") else "other")
+            else "/v1/models/{id}" if path.startswith("/v1/models/")
+            else "/v1/responses/{id}" if path.startswith("/v1/responses/")
+            else "other"
         )
         counted = False
 

@@ -13,28 +13,22 @@ when the body is larger than `INLINE_WORK_BYTES`, so /health and running streams
 never wait behind a 4 MiB prompt; a small body is handled inline (faster than a
 thread hop, and deterministic for tests).
 Tool calls (`edge.api.tools`) become `tool_calls` in the message, or
-`delta.tool_calls` chunks (id, type and name first, then the arguments) when streaming.
+`delta.tool_calls` chunks when streaming: id, type and name as soon as the name is decoded,
+then the arguments in pieces as they decode (`edge.toolcalls`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any
 
-import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
-from sse_starlette.sse import EventSourceResponse
+from fastapi.responses import Response
 
 from edge import __version__
-from edge.api.body import parse_json
-from edge.api.errors import to_http
 from edge.api.generation import (
     PRIORITY_HEADER,
     Generation,
@@ -48,9 +42,14 @@ from edge.api.generation import (
     template_info,
 )
 from edge.api.logprobs import chat_logprobs, completion_logprobs
+from edge.api.respond import INLINE_WORK_BYTES as INLINE_WORK_BYTES
+from edge.api.respond import json_body as _json_body
 from edge.api.schemas import ChatCompletionRequest, CompletionRequest, parse_body, request_body_doc
+from edge.api.sse import error_chunk as _error_chunk
+from edge.api.sse import respond as _respond
+from edge.api.sse import sse as _sse
 from edge.api.state import ApiState
-from edge.api.tool_parse import call_deltas, call_json
+from edge.api.tool_parse import call_delta, call_json
 from edge.api.tools import ToolPlan, check_history, plan_tools, template_messages
 from edge.runtime.chat_template import TemplateInfo, with_turn_stops
 from edge.runtime.types import TokenLogprob, Usage
@@ -64,28 +63,6 @@ def _state(request: Request) -> ApiState:
     return st
 
 
-# A request whose body is larger than this is decoded, rendered and tokenized in a worker thread;
-# smaller ones take microseconds, less than the thread hop, and stay on the loop.
-INLINE_WORK_BYTES = 64 << 10
-
-
-class _Body:
-    """The decoded JSON body, and a way to run the request's heavy steps off the loop if it is big."""
-
-    def __init__(self, data: Any, heavy: bool) -> None:
-        self.data = data
-        self.heavy = heavy
-
-    async def run(self, fn: Callable[[], Any]) -> Any:
-        return await anyio.to_thread.run_sync(fn) if self.heavy else fn()
-
-
-async def _json_body(request: Request) -> _Body:
-    raw = await request.body()
-    heavy = len(raw) > INLINE_WORK_BYTES
-    return _Body(await anyio.to_thread.run_sync(parse_json, raw) if heavy else parse_json(raw), heavy)
-
-
 def _usage_json(u: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": u.prompt_tokens,
@@ -93,98 +70,6 @@ def _usage_json(u: Usage) -> dict[str, Any]:
         "total_tokens": u.total_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     }
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-
-
-class DisconnectAwareStream(EventSourceResponse):
-    """sse-starlette's stream (pings, a disconnect listener that runs even while a request waits
-    for a slot and writes nothing); a disconnect calls `on_disconnect`, and `on_close` always
-    runs, also when the body generator never started (client gone at once)."""
-
-    def __init__(
-        self,
-        content: AsyncIterator[bytes],
-        on_disconnect: Callable[[], None],
-        on_close: Callable[[], Awaitable[None]],
-        ping_s: float,
-    ) -> None:
-        async def gone(_message: Any) -> None:
-            on_disconnect()
-
-        super().__init__(content, sep="\n", ping=ping_s, client_close_handler_callable=gone,
-                         headers={"Cache-Control": "no-cache"})
-        self.on_close = on_close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            with contextlib.suppress(OSError):  # the peer went away mid-write
-                await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.on_close()
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _respond(
-    request: Request,
-    gen: Generation,
-    stream_fn: Callable[[Generation], AsyncIterator[bytes]],
-    body_fn: Callable[[Generation], dict[str, Any]],
-) -> Response:
-    """Run `gen` streaming or not; in both cases a disconnect cancels the generation."""
-    if gen.stream:
-        await gen.__aenter__()
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in stream_fn(gen):
-                    yield chunk
-            finally:
-                await gen.__aexit__(None, None, None)
-
-        return DisconnectAwareStream(body(), gen.cancel, partial(gen.__aexit__, None, None, None),
-                                     gen.st.settings.sse_ping_s)
-    async with gen:
-        work = asyncio.ensure_future(_drain_events(gen))
-        watch = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not work.done():
-            gen.cancel()
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
-            return Response(status_code=499)
-        work.result()
-        for out in gen.outcomes:
-            err = failure(out)
-            if err is not None:
-                raise err
-        return JSONResponse(body_fn(gen))
-
-
-async def _drain_events(gen: Generation) -> None:
-    async for _ in gen.events():
-        pass
-
-
-def _error_chunk(gen: Generation) -> bytes | None:
-    for out in gen.outcomes:
-        err = failure(out)
-        if err is not None:
-            return _sse(to_http(err)[1])
-    return None
 
 
 # --- chat -------------------------------------------------------------------
@@ -235,7 +120,7 @@ async def chat_completions(request: Request) -> Response:
 
     async def stream(g: Generation) -> AsyncIterator[bytes]:
         yield _sse(chunk({"role": "assistant", "content": ""}, None))
-        scanner = plan.scanner() if plan.active else None
+        scanner = plan.scanner(stream_calls=True) if plan.active else None
         n_calls = 0
 
         def deltas(events: list[tuple[str, Any]]) -> list[dict[str, Any]]:
@@ -244,9 +129,10 @@ async def chat_completions(request: Request) -> Response:
             for kind, value in events:
                 if kind == "content":
                     out.append({"content": value})
-                else:
-                    out += call_deltas(n_calls, value)
+                elif kind == "call":
                     n_calls += 1
+                else:  # call_start, call_args: the call streams as it decodes
+                    out.append(call_delta(value))
             return out
 
         owed: list[TokenLogprob] = []  # logprobs of tokens whose text is held back (a possible call)

@@ -94,11 +94,10 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _SamplingFields(_Base):
-    """Fields shared by both endpoints. `top_k`, `min_p`, `repeat_penalty` are llama.cpp extensions."""
+class _Sampling(_Base):
+    """Sampling fields of every generating endpoint. `top_k`, `min_p`, `repeat_penalty` are
+    llama.cpp extensions."""
 
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
@@ -107,18 +106,7 @@ class _SamplingFields(_Base):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
-    stop: str | list[str] | None = None
     logit_bias: dict[str, float] | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        _utf8(v)
-        if isinstance(v, list) and len(v) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences")
-        return v
 
     @field_validator("logit_bias")
     @classmethod
@@ -130,14 +118,32 @@ class _SamplingFields(_Base):
                 raise ValueError(f"bias for token {key} must be in [-100, 100]")
         return v
 
+    def logit_bias_ids(self) -> dict[int, float]:
+        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
+
+
+class _SamplingFields(_Sampling):
+    """Fields shared by the chat and text completion endpoints."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        _utf8(v)
+        if isinstance(v, list) and len(v) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        return v
+
     def stop_tuple(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         return tuple(s for s in stops if s)
-
-    def logit_bias_ids(self) -> dict[int, float]:
-        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -362,10 +368,10 @@ def request_body_doc(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
-def openapi_components() -> dict[str, Any]:
+def openapi_components(models: tuple[type[BaseModel], ...] = REQUEST_MODELS) -> dict[str, Any]:
     """JSON schemas of the request models and everything they refer to, for components.schemas."""
     out: dict[str, Any] = {}
-    for model in REQUEST_MODELS:
+    for model in models:
         schema = model.model_json_schema(ref_template=_REF)
         out.update(schema.pop("$defs", {}))
         out[model.__name__] = schema

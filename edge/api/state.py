@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any
 
 from edge.api.metrics import ApiMetrics
+from edge.api.response_store import ResponseStore
 from edge.config import Settings
 from edge.errors import ModelNotFound
 from edge.runtime.types import EngineLike, EngineState, RequestHandleLike
@@ -79,6 +80,7 @@ class ApiState:
     server_state: ServerState = ServerState.SERVING
     in_flight: dict[str, RequestHandleLike] = field(default_factory=dict)
     embeds_in_flight: int = 0  # /v1/embeddings requests queued or running (bounded there)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:

@@ -11,32 +11,28 @@ detected from the template text as llama.cpp's server chat parsers do):
 `tool_choice` "required" or a named function is enforced by a grammar: the JSON schema
 of the call (name const + the function's parameters) goes through llama.cpp's converter
 and is wrapped in the family's syntax, so the arguments are valid for the schema by
-construction. "auto" parses whatever the model wrote (`edge.api.tool_parse`).
+construction. "auto" parses whatever the model wrote (`edge.toolcalls`).
+/v1/responses declares tools flat (`{type, name, parameters}`); `plan_tool_calls` serves both.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from edge.api.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice, ToolDef
-from edge.api.tool_parse import CallScanner
 from edge.errors import InvalidRequest
 from edge.runtime.chat_template import TemplateInfo
 from edge.runtime.sampling import json_schema_to_grammar
+from edge.toolcalls import CallScanner, JsonArgs, template_arguments
 
 CALL_RULE = "edge-tool-call"  # the converter's root rule, renamed under the family's wrapper
 _ANY_ARGS: dict[str, Any] = {"type": "object"}
 
 
-class JsonArgs(dict):  # type: ignore[type-arg]
-    """Tool-call arguments handed to a template: a mapping (for `arguments | tojson`, as Qwen's
-    and Llama's templates do), whose plain `{{ arguments }}` also prints as JSON."""
-
-    def __str__(self) -> str:
-        return json.dumps(self, ensure_ascii=False)
+__all__ = ["JsonArgs", "ToolPlan", "call_grammar", "check_history", "plan_tool_calls", "plan_tools",
+           "template_messages"]
 
 
 # --- the request --------------------------------------------------------------------------
@@ -61,14 +57,30 @@ class ToolPlan:
     def forced(self) -> bool:
         return self.mode in ("required", "named")
 
-    def scanner(self) -> CallScanner:
-        return CallScanner(self.fmt, self.names, forced=self.forced)
+    def scanner(self, stream_calls: bool = False) -> CallScanner:
+        """The call parser; `stream_calls`: also call_start/call_args events as calls decode."""
+        return CallScanner(self.fmt, self.names, forced=self.forced, stream_calls=stream_calls)
 
 
 def plan_tools(body: ChatCompletionRequest, info: TemplateInfo | None) -> ToolPlan:
-    """Check the tool fields against each other and the template; InvalidRequest naming the field."""
-    tools = body.tools or []
-    choice = body.tool_choice
+    """The tool fields of a chat request; InvalidRequest naming the field."""
+    constrained = body.response_format is not None and body.response_format.type != "text"
+    return plan_tool_calls(body.tools or [], body.tool_choice, bool(body.parallel_tool_calls), info,
+                           constrained_by="response_format" if constrained else None)
+
+
+def plan_tool_calls(
+    tools: list[ToolDef],
+    choice: str | NamedToolChoice | None,
+    parallel: bool,
+    info: TemplateInfo | None,
+    *,
+    constrained_by: str | None = None,
+    flat: bool = False,
+) -> ToolPlan:
+    """Check tools and tool_choice against each other and the template. `constrained_by` names the
+    request's output-format parameter when it constrains the output; `flat`: error params in the
+    Responses shape (`tools[i].name`, `tool_choice.name`)."""
     mode = "named" if isinstance(choice, NamedToolChoice) else (choice or "auto")
     if not tools:
         if mode in ("required", "named"):
@@ -83,25 +95,25 @@ def plan_tools(body: ChatCompletionRequest, info: TemplateInfo | None) -> ToolPl
             f"{where} has no tool support (it does not use `tools`); serve the model with a "
             "tool-capable template, e.g. `edge serve MODEL --chat-template chatml-tools`, or send "
             'tool_choice "none"', "tools")
+    field = "tools[{i}].{f}" if flat else "tools[{i}].function.{f}"
     names = [t.function.name for t in tools]
     seen: set[str] = set()
     for i, name in enumerate(names):
         if name in seen:
-            param = f"tools[{i}].function.name"
+            param = field.format(i=i, f="name")
             raise InvalidRequest(f"{param}: {name!r} is declared twice", param)
         seen.add(name)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise InvalidRequest("response_format cannot be combined with tools (both constrain the output); "
-                             'send tool_choice "none" or drop response_format', "response_format")
-    schemas = [_parameters_schema(t, i) for i, t in enumerate(tools)]
+    if constrained_by is not None:
+        raise InvalidRequest(f"{constrained_by} cannot be combined with tools (both constrain the output); "
+                             f'send tool_choice "none" or drop {constrained_by}', constrained_by)
+    schemas = [_parameters_schema(t, field.format(i=i, f="parameters")) for i, t in enumerate(tools)]
     fmt = info.tool_format or "generic"
-    parallel = bool(body.parallel_tool_calls)
     functions = list(zip(names, schemas, strict=True))
     if isinstance(choice, NamedToolChoice):
         wanted = choice.function.name
         if wanted not in seen:
             raise InvalidRequest(f"tool_choice names {wanted!r}, which is not among the tools",
-                                 "tool_choice.function.name")
+                                 "tool_choice.name" if flat else "tool_choice.function.name")
         functions = [functions[names.index(wanted)]]
     grammar = None
     if mode in ("required", "named"):
@@ -117,13 +129,12 @@ def _choice_text(choice: object) -> str:
     return repr(choice) if isinstance(choice, str) else "naming a function"
 
 
-def _parameters_schema(tool: ToolDef, index: int) -> dict[str, Any]:
-    """The function's parameters schema, checked to compile to a grammar (400 naming tools[i])."""
+def _parameters_schema(tool: ToolDef, param: str) -> dict[str, Any]:
+    """The function's parameters schema, checked to compile to a grammar (400 naming `param`)."""
     schema = tool.function.parameters if tool.function.parameters is not None else _ANY_ARGS
     try:
         json_schema_to_grammar(schema)
     except InvalidRequest as exc:
-        param = f"tools[{index}].function.parameters"
         raise InvalidRequest(f"{param}: {exc}", param) from None
     return schema
 
@@ -157,7 +168,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if m.tool_calls:
             d["tool_calls"] = [
                 {"id": c.id, "type": "function",
-                 "function": {"name": c.function.name, "arguments": _template_args(c.function.arguments)}}
+                 "function": {"name": c.function.name, "arguments": template_arguments(c.function.arguments)}}
                 for c in m.tool_calls
             ]
         if m.role == "tool" and m.tool_call_id:
@@ -165,16 +176,6 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             d["name"] = m.name or names.get(m.tool_call_id, "")
         out.append(d)
     return out
-
-
-def _template_args(arguments: str | dict[str, Any]) -> Any:
-    if isinstance(arguments, dict):
-        return JsonArgs(arguments)
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        return arguments  # not JSON: the template gets the text as sent
-    return JsonArgs(parsed) if isinstance(parsed, dict) else arguments
 
 
 # --- the grammar ------------------------------------------------------------------------------

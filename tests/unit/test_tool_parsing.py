@@ -38,7 +38,7 @@ QWEN_TAGGED = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris
 def scan(text: str, fmt: str = "hermes", *, step: int = 0, forced: bool = False,
          names: frozenset[str] = NAMES) -> tuple[str, list[ParsedCall], list[tuple[str, object]]]:
     """Feed `text` in pieces of `step` characters (0: at once); (content, calls, events)."""
-    sc = CallScanner(fmt, names, forced=forced)
+    sc = CallScanner(fmt, names, forced=forced, stream_calls=True)
     events: list[tuple[str, object]] = []
     pieces = [text] if step == 0 else [text[i:i + step] for i in range(0, len(text), step)]
     for p in pieces:
@@ -96,9 +96,10 @@ def test_possible_call_start_is_held_back_and_prose_streams_at_once() -> None:
     sc = CallScanner("hermes", NAMES)
     assert sc.feed("Hello <tool") == [("content", "Hello")]  # "<tool" may open a tag; the space waits too
     assert sc.feed("s are great") == [("content", " <tools are great")]
-    sc = CallScanner("hermes", NAMES)
+    sc = CallScanner("hermes", NAMES, stream_calls=True)
     ev = sc.feed('Calling.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
-    assert ev[0] == ("content", "Calling.") and ev[1][0] == "call"  # emitted as soon as the tag closes
+    assert ev[0] == ("content", "Calling.")  # then the whole call, as soon as the tag closed
+    assert [k for k, _ in ev[1:]] == ["call_start", "call_args", "call"]
 
 
 def test_whitespace_next_to_calls_is_dropped() -> None:
@@ -133,12 +134,16 @@ def test_generic_format_and_openai_shaped_calls() -> None:
     assert [(c.name, c.arguments) for c in calls] == [("add", '{"a": 1}')]  # string arguments kept as sent
 
 
-def test_forced_output_is_parsed_at_the_end_and_a_cut_call_stays_content() -> None:
+def test_forced_output_streams_and_a_call_cut_before_its_name_stays_content() -> None:
     content, calls, events = scan(QWEN_TAGGED, forced=True, step=2)
-    assert len(calls) == 1 and content == "" and events[0][0] == "call"
-    cut = QWEN_TAGGED[:30]  # max_tokens ran out inside the arguments
+    assert len(calls) == 1 and content == "" and events[0][0] == "call_start"
+    cut = QWEN_TAGGED[:30]  # max_tokens ran out inside the name
     content, calls, _ = scan(cut, forced=True)
     assert calls == [] and content == cut
+    cut = QWEN_TAGGED[:60]  # ... inside the arguments: the call had started streaming, it stays a call
+    content, calls, _ = scan(cut, forced=True, step=3)
+    assert [c.name for c in calls] == ["get_weather"] and content == ""
+    assert calls[0].arguments == cut[cut.index('{"city'):]
 
 
 @pytest.mark.parametrize("bad", ['{"name": "add", "arguments": [1]}', '{"name": "", "arguments": {}}',
@@ -185,3 +190,66 @@ def test_unconvertible_schema_raises() -> None:
     with pytest.raises(InvalidRequest):
         call_grammar("hermes", [("x", {"type": "object", "properties": {"p": {"$ref": "http://elsewhere"}}})],
                      False)
+
+
+# --- streaming: the name as soon as it is known, then argument pieces ---------------------------
+
+
+@pytest.mark.parametrize(("fmt", "text", "forced"), [
+    ("hermes", QWEN_TAGGED, False),
+    ("hermes", QWEN_FENCED, False),
+    ("hermes", QWEN_BARE_PRETTY, False),
+    ("hermes", QWEN_TAGGED, True),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "n": [1, {"a": "}"}]}}',
+     False),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Oslo"}}', True),
+    ("mistral", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 3}}, '
+                '{"name": "get_weather", "arguments": {"city": "Rome"}}]', False),
+    ("generic", '{"name": "add", "arguments": {"a": "x\\"}", "b": 3}}', False),
+])
+def test_calls_stream_token_by_token_and_the_deltas_join_to_the_arguments(
+        fmt: str, text: str, forced: bool) -> None:
+    sc = CallScanner(fmt, NAMES, forced=forced, stream_calls=True)
+    events: list[tuple[str, object]] = []
+    seen_start_at: list[int] = []
+    for i, ch in enumerate(text):  # one character per token: the finest a model can stream
+        for ev in sc.feed(ch):
+            events.append(ev)
+            if ev[0] == "call_start":
+                seen_start_at.append(i)
+    events += sc.finish()
+    calls = [v for k, v in events if k == "call"]
+    assert calls and calls == sc.calls
+    for call in calls:
+        assert isinstance(call, ParsedCall)
+        starts = [v for k, v in events if k == "call_start" and v.id == call.id]  # type: ignore[attr-defined]
+        [start] = starts
+        pieces = [v.text for k, v in events if k == "call_args" and v.index == start.index]  # type: ignore[attr-defined]
+        assert len(pieces) > 3 and "".join(pieces) == call.arguments
+        assert isinstance(json.loads(call.arguments), dict)
+    # the first call was announced long before the text ended, while its arguments decoded
+    assert seen_start_at[0] < len(text) - 10
+    kinds = [k for k, _ in events]
+    assert kinds.index("call_start") < kinds.index("call_args") < kinds.index("call")
+    assert not [v for k, v in events if k == "content" and str(v).strip()]
+
+
+def test_an_undeclared_bare_name_is_held_then_released_as_content() -> None:
+    sc = CallScanner("hermes", NAMES)
+    out = [ev for ch in QWEN_UNKNOWN_NAME for ev in sc.feed(ch)]
+    assert out == []  # held: it might have been a call
+    assert sc.finish() == [("content", QWEN_UNKNOWN_NAME)]
+
+
+def test_trailing_prose_after_a_streamed_bare_call_is_content() -> None:
+    content, calls, _ = scan(QWEN_BARE + "\nThat adds them.", step=1)
+    assert [c.name for c in calls] == ["add"] and content == "That adds them."
+
+
+def test_without_stream_calls_only_content_and_whole_calls_come_out() -> None:
+    """Clients that take whole calls (Ollama's shape) see the events they always did."""
+    sc = CallScanner("hermes", NAMES)
+    events = [ev for ch in "Sure.\n" + QWEN_TAGGED for ev in sc.feed(ch)] + sc.finish()
+    kinds = [k for k, _ in events]
+    assert set(kinds) == {"content", "call"} and kinds[-1] == "call" and kinds.count("call") == 1
+    assert json.loads(sc.calls[0].arguments) == {"city": "Paris"}

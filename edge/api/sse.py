@@ -1,0 +1,84 @@
+"""SSE answers of the OpenAI-style routes (chat, completions, Responses): framing, the
+disconnect-aware stream, and `respond` (stream, or one JSON body; a disconnect cancels both)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from edge.api.errors import to_http
+from edge.api.generation import Generation, failure
+from edge.api.respond import run_unstreamed
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+class DisconnectAwareStream(EventSourceResponse):
+    """sse-starlette's stream (pings, a disconnect listener that runs even while a request waits
+    for a slot and writes nothing); a disconnect calls `on_disconnect`, and `on_close` always
+    runs, also when the body generator never started (client gone at once)."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        on_disconnect: Callable[[], None],
+        on_close: Callable[[], Awaitable[None]],
+        ping_s: float,
+    ) -> None:
+        async def gone(_message: Any) -> None:
+            on_disconnect()
+
+        super().__init__(content, sep="\n", ping=ping_s, client_close_handler_callable=gone,
+                         headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            with contextlib.suppress(OSError):  # the peer went away mid-write
+                await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.on_close()
+
+
+async def respond(
+    request: Request,
+    gen: Generation,
+    stream_fn: Callable[[Generation], AsyncIterator[bytes]],
+    body_fn: Callable[[Generation], dict[str, Any]],
+) -> Response:
+    """Run `gen` streaming or not; in both cases a disconnect cancels the generation."""
+    if gen.stream:
+        await gen.__aenter__()
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in stream_fn(gen):
+                    yield chunk
+            finally:
+                await gen.__aexit__(None, None, None)
+
+        return DisconnectAwareStream(body(), gen.cancel, partial(gen.__aexit__, None, None, None),
+                                     gen.st.settings.sse_ping_s)
+    async with gen:
+        if not await run_unstreamed(request, gen):
+            return Response(status_code=499)
+        return JSONResponse(body_fn(gen))
+
+
+def error_chunk(gen: Generation) -> bytes | None:
+    for out in gen.outcomes:
+        err = failure(out)
+        if err is not None:
+            return sse(to_http(err)[1])
+    return None
