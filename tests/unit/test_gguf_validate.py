@@ -284,7 +284,7 @@ def test_inspect_command_reports_one_line_error(
 ) -> None:
     build = next(b for c, b, _ in CASES if c == case)
     path = build(tmp_path / f"{case}.gguf")
-    assert main(["inspect", str(path)]) == 1
+    assert main(["inspect", str(path)]) == 2  # one exit-status map: an invalid model is a usage error
     err = capsys.readouterr().err.strip()
     assert err.startswith("edge: error: invalid GGUF file")
     assert len(err.splitlines()) == 1

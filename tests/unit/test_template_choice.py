@@ -169,7 +169,7 @@ def test_inspect_reports_the_template_in_use(tmp_path: Path, capsys: pytest.Capt
     rc, out, _ = _inspect(capsys, str(qwen))
     assert "template in use model's own (tools: hermes)" in out
     rc, _, err = _inspect(capsys, str(qwen), "--chat-template", "nope")
-    assert rc == 1 and "invalid setting chat_template" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "invalid setting chat_template" in err and len(err.strip().splitlines()) == 1
     broken = write_tiny_model(tmp_path / "broken.gguf", chat_template="{% for %}")
     rc, out, _ = _inspect(capsys, str(broken), "--json")
     assert rc == 0 and "does not compile" in json.loads(out)["chat_template_in_use"]["error"]
