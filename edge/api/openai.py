@@ -18,7 +18,6 @@ Tool calls (`edge.api.tools`) become `tool_calls` in the message, or
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -33,7 +32,6 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from edge import __version__
-from edge.api.body import parse_json
 from edge.api.errors import to_http
 from edge.api.generation import (
     PRIORITY_HEADER,
@@ -48,6 +46,9 @@ from edge.api.generation import (
     template_info,
 )
 from edge.api.logprobs import chat_logprobs, completion_logprobs
+from edge.api.respond import INLINE_WORK_BYTES as INLINE_WORK_BYTES
+from edge.api.respond import json_body as _json_body
+from edge.api.respond import run_unstreamed
 from edge.api.schemas import ChatCompletionRequest, CompletionRequest, parse_body, request_body_doc
 from edge.api.state import ApiState
 from edge.api.tool_parse import call_deltas, call_json
@@ -62,28 +63,6 @@ FINGERPRINT = f"edge-{__version__}"
 def _state(request: Request) -> ApiState:
     st: ApiState = request.app.state.edge
     return st
-
-
-# A request whose body is larger than this is decoded, rendered and tokenized in a worker thread;
-# smaller ones take microseconds, less than the thread hop, and stay on the loop.
-INLINE_WORK_BYTES = 64 << 10
-
-
-class _Body:
-    """The decoded JSON body, and a way to run the request's heavy steps off the loop if it is big."""
-
-    def __init__(self, data: Any, heavy: bool) -> None:
-        self.data = data
-        self.heavy = heavy
-
-    async def run(self, fn: Callable[[], Any]) -> Any:
-        return await anyio.to_thread.run_sync(fn) if self.heavy else fn()
-
-
-async def _json_body(request: Request) -> _Body:
-    raw = await request.body()
-    heavy = len(raw) > INLINE_WORK_BYTES
-    return _Body(await anyio.to_thread.run_sync(parse_json, raw) if heavy else parse_json(raw), heavy)
 
 
 def _usage_json(u: Usage) -> dict[str, Any]:
@@ -127,13 +106,6 @@ class DisconnectAwareStream(EventSourceResponse):
                 await self.on_close()
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def _respond(
     request: Request,
     gen: Generation,
@@ -154,29 +126,9 @@ async def _respond(
         return DisconnectAwareStream(body(), gen.cancel, partial(gen.__aexit__, None, None, None),
                                      gen.st.settings.sse_ping_s)
     async with gen:
-        work = asyncio.ensure_future(_drain_events(gen))
-        watch = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not work.done():
-            gen.cancel()
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+        if not await run_unstreamed(request, gen):
             return Response(status_code=499)
-        work.result()
-        for out in gen.outcomes:
-            err = failure(out)
-            if err is not None:
-                raise err
         return JSONResponse(body_fn(gen))
-
-
-async def _drain_events(gen: Generation) -> None:
-    async for _ in gen.events():
-        pass
 
 
 def _error_chunk(gen: Generation) -> bytes | None:

@@ -40,7 +40,7 @@ from edge.runtime.types import EngineState, EngineStats, FinishReason, Knobs, Pr
 if TYPE_CHECKING:
     from edge.clock import Clock
     from edge.runtime.embed import EmbedJob
-    from edge.runtime.mailbox import Mailbox, UnloadWaiter
+    from edge.runtime.mailbox import LoadWaiter, Mailbox, UnloadWaiter
     from edge.runtime.residency import Residency
     from edge.runtime.types import GenerationRequest
 
@@ -102,12 +102,14 @@ class StepLoop:
             for seq in mail.new:
                 heapq.heappush(self.waiting, (seq.key, id(seq), seq))
             self.embeds.extend(mail.embeds)
-            busy = not self.idle
+            busy = not self.idle or bool(mail.load_waiters)  # a load request is work to load for
             t_step_s = self.clock.monotonic()  # not after the step: a caller may move a test clock
             try:
                 if not res.loaded and busy and not self._reload():
+                    self._settle_loads(mail.load_waiters)
                     self._settle_unloads(mail.unload_waiters)
                     continue
+                self._settle_loads(mail.load_waiters)
                 if res.loaded:
                     self._iteration(mail.cancels)
                 if busy or not self.idle:
@@ -134,6 +136,10 @@ class StepLoop:
         self.mailbox.set_state(EngineState.PAUSED if self.knobs.paused else EngineState.READY)
         self.publish(0.0, 0.0, 0, 0)
         return True
+
+    def _settle_loads(self, waiters: list[LoadWaiter]) -> None:
+        for w in waiters:
+            w.settle(self.res.loaded)
 
     def _settle_unloads(self, waiters: list[UnloadWaiter]) -> None:
         """After a step: honour unload requests and the keep-alive timer."""
