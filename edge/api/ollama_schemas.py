@@ -60,7 +60,7 @@ def parse_keep_alive(value: str | float | int) -> float | None:
         return None if value < 0 else min(float(value), MAX_KEEP_ALIVE_S)
     text = value.strip()
     sign = -1.0 if text.startswith("-") else 1.0
-    body = text.lstrip("+-")
+    body = text[1:] if text[:1] in ("+", "-") else text  # one sign at most, as Go's ParseDuration
     if re.fullmatch(r"\d+(\.\d+)?", body):  # a bare number in a string: seconds (Ollama: "0" only)
         seconds = float(body)
     else:
