@@ -48,6 +48,7 @@ from edge.api.ollama_support import (
     finish_keep_alive,
     fit_num_ctx,
     grammar_of,
+    hold_loaded,
     load_or_unload,
     max_tokens_of,
     ollama_call,
@@ -261,11 +262,14 @@ async def _embed(request: Request, st: ApiState, model: str, inputs: list[str], 
     if options is not None:
         options.log_ignored()
     name = untagged(st, model)
-    await timings.load_if_unloaded()
+    before_s = await hold_loaded(st)
     try:
+        await timings.load_if_unloaded()
         vectors, n_tokens = await embed_inputs(st, name, list(inputs), dimensions, truncate=truncate)
-    finally:
-        await finish_keep_alive(st, keep_alive)
+    except BaseException:
+        await finish_keep_alive(st, before_s)
+        raise
+    await finish_keep_alive(st, keep_alive)
     return vectors, n_tokens, timings
 
 

@@ -148,8 +148,17 @@ def ollama_call(c: ParsedCall, index: int) -> dict[str, Any]:
 
 
 async def finish_keep_alive(st: ApiState, keep_alive_s: float | None) -> None:
-    """Apply the request's keep-alive once it is over (0: the idle engine unloads now)."""
-    await anyio.to_thread.run_sync(st.engine.set_keep_alive, keep_alive_s)
+    """Apply the request's keep-alive once it is over (0: the idle engine unloads now). Inline:
+    it only stores the value and wakes the engine thread, which does any unloading itself."""
+    st.engine.set_keep_alive(keep_alive_s)
+
+
+async def hold_loaded(st: ApiState) -> float | None:
+    """Keep the model loaded while a request runs (an earlier `keep_alive: 0` would otherwise
+    unload it between the load and the submit); returns the keep-alive that was in force."""
+    before_s = st.engine.residency_status().keep_alive_s
+    await finish_keep_alive(st, None)
+    return before_s
 
 
 async def load_or_unload(st: ApiState, name: str, keep_alive_s: float | None,
@@ -159,6 +168,7 @@ async def load_or_unload(st: ApiState, name: str, keep_alive_s: float | None,
         await anyio.to_thread.run_sync(st.engine.unload)
         reason = "unload"
     else:
+        await finish_keep_alive(st, keep_alive_s)  # first: an earlier keep_alive 0 must not undo the load
         if not await anyio.to_thread.run_sync(st.engine.ensure_loaded):
             raise ModelLoadError(st.model_id, "the model could not be loaded; see the server log")
         reason = "load"
@@ -172,8 +182,13 @@ async def respond(request: Request, gen: Generation, timings: Timings, keep_aliv
                   whole: Callable[[Generation], dict[str, Any]]) -> Response:
     """Stream NDJSON or answer once; either way a disconnect cancels, and keep-alive applies after."""
     st = gen.st
-    await timings.load_if_unloaded()
-    await gen.__aenter__()  # admission: 503 + Retry-After here, before any byte is sent
+    before_s = await hold_loaded(st)
+    try:
+        await timings.load_if_unloaded()
+        await gen.__aenter__()  # admission: 503 + Retry-After here, before any byte is sent
+    except BaseException:
+        await finish_keep_alive(st, before_s)  # refused: the keep-alive stays what it was
+        raise
     if gen.stream:
         async def body() -> AsyncIterator[bytes]:
             async for obj in lines(gen):
