@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -273,6 +274,13 @@ async def _embed(request: Request, st: ApiState, model: str, inputs: list[str], 
     return vectors, n_tokens, timings
 
 
+async def _check_embed_name(st: ApiState, model: str) -> None:
+    """404 unless `model` is the served model or the embeddings model (requests that embed nothing)."""
+    info = await anyio.to_thread.run_sync(st.engine.embedding_info)
+    if untagged(st, model) != info["model"]:
+        served_name(st, model)
+
+
 @router.post("/api/embed", openapi_extra=ollama_body_doc(EmbedRequest))
 async def embed(request: Request) -> Response:
     st = state_of(request)
@@ -281,6 +289,7 @@ async def embed(request: Request) -> Response:
     keep_alive = st.settings.keep_alive_s if body.keep_alive is None else parse_keep_alive(body.keep_alive)
     inputs = body.inputs()
     if not inputs:  # Ollama: an empty input loads the model
+        await _check_embed_name(st, body.model)
         return await load_or_unload(st, body.model, keep_alive, lambda _t: {"embeddings": []})
     vectors, n_tokens, timings = await _embed(request, st, body.model, inputs, truncate=body.truncate,
                                               dimensions=body.dimensions, options=body.options,
@@ -298,7 +307,7 @@ async def embeddings_legacy(request: Request) -> Response:
     body: EmbeddingsRequest = parse_model(EmbeddingsRequest, raw.data)
     keep_alive = st.settings.keep_alive_s if body.keep_alive is None else parse_keep_alive(body.keep_alive)
     if not body.prompt:  # Ollama answers an empty prompt with an empty vector
-        served_name(st, body.model)
+        await _check_embed_name(st, body.model)
         return JSONResponse({"embedding": []})
     vectors, _, _ = await _embed(request, st, body.model, [body.prompt], truncate=True, dimensions=None,
                                  options=body.options, keep_alive=keep_alive)

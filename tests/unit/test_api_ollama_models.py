@@ -118,6 +118,7 @@ def test_embed_errors_and_keep_alive() -> None:
     assert r.status_code == 400 and "dimensions" in r.json()["error"]
     client.post("/api/embed", json={"model": M, "input": "x", "keep_alive": "1m"})
     assert engine.keep_alive_calls[-1] == 60.0
+    assert client.post("/api/embed", json={"model": "nope", "input": []}).status_code == 404
     r = client.post("/api/embed", json={"model": M, "input": [], "keep_alive": 0})
     assert r.json()["done_reason"] == "unload" and engine.state is EngineState.UNLOADED
 
