@@ -201,3 +201,22 @@ def test_tools_round_trip_with_the_ollama_client(qwen: LiveServer) -> None:
     history = [*ask, r.message, {"role": "tool", "content": "22 C and sunny", "tool_name": "get_weather"}]
     final = client.chat(model=name, messages=history, options={"temperature": 0, "num_predict": 40})
     assert final.message.content and not final.message.tool_calls
+
+
+def test_overload_is_503_with_retry_after_under_the_scheduler(smollm2_path: Path, start_server: Any) -> None:
+    """The default server (scheduler on), one slot and no queue: a second chat while one streams is
+    refused in Ollama's shape, and the ollama client sees a ResponseError with the status."""
+    s = start_server(smollm2_path, "--slots", "1", "--max-queue", "0", "--ctx", "1024", "--threads", "1")
+    name = httpx.get(s.url + "/api/tags").json()["models"][0]["model"]
+    body = {"model": name, "messages": ASK, "options": {"num_predict": 400}}
+    with httpx.stream("POST", s.url + "/api/chat", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)  # it holds the slot now
+        refused = httpx.post(s.url + "/api/chat", json={**body, "stream": False}, timeout=60)
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+        assert set(refused.json()) == {"error"}
+        with pytest.raises(ollama.ResponseError) as exc:
+            ollama.Client(host=s.url).generate(model=name, prompt="hi")
+        assert exc.value.status_code == 503
+    ok = ollama.Client(host=s.url, timeout=120).chat(model=name, messages=ASK, options=GREEDY)
+    assert ok.done
