@@ -141,7 +141,6 @@ def build_scheduler(
     from edge.scheduler.state import config_for_device
     from edge.service.telemetry import BuiltSource, source_from_settings
     from edge.sim.device import SimulatedSource
-    from edge.telemetry.monitor import Monitor
 
     spec = settings.telemetry.strip()
     if source_factory is not None:
