@@ -46,6 +46,8 @@ setup(
             "pytest-timeout>=2.3",
             "ruff>=0.6",
             "openai>=1.40",  # end-to-end tests drive the server with the official SDK
+            "ollama>=0.5",  # ... and Ollama's own Python client against /api/*
+            "langchain-ollama>=0.3",  # one LangChain chat model (ChatOllama) against /api/chat
             # `edge bench http --compare llama-cpp-python` runs llama-cpp-python's own server,
             # which needs its `server` extra beyond what edge already installs
             "starlette-context>=0.3.6,<0.4",

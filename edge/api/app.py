@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,8 +30,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge import __version__
-from edge.api import embeddings, openai, ops, page, responses
-from edge.api.errors import error_payload, to_http
+from edge.api import embeddings, ollama, ollama_models, openai, ops, page, responses
+from edge.api.errors import error_body, is_ollama_path, to_http
 from edge.api.metrics import ApiMetrics
 from edge.api.middleware import (
     AllowListCORSMiddleware,
@@ -40,6 +41,7 @@ from edge.api.middleware import (
     JsonOnlyMiddleware,
     RequestIdMiddleware,
 )
+from edge.api.ollama_schemas import ollama_components
 from edge.api.response_store import ResponseStore
 from edge.api.responses_schemas import RESPONSES_MODELS
 from edge.api.schemas import REQUEST_MODELS, openapi_components
@@ -64,6 +66,7 @@ def create_app(
     api_key: str | None = None,
     plan: Any = None,
     clock: Callable[[], float] = time.perf_counter,
+    model_path: Path | None = None,
 ) -> FastAPI:
     """Build the app. `admission` defaults to the scheduler's, else one without heat or memory checks.
 
@@ -94,6 +97,7 @@ def create_app(
         clock=clock,
         responses=ResponseStore(settings.responses_store_max, settings.responses_store_max_bytes,
                                 settings.responses_store_ttl_s),
+        model_path=model_path,
     )
     holder["st"] = st
     app.state.edge = st
@@ -102,6 +106,8 @@ def create_app(
     app.include_router(ops.router)
     app.include_router(embeddings.router)
     app.include_router(page.router)  # GET /: the built-in chat page
+    app.include_router(ollama.router)  # Ollama's native API, /api/*
+    app.include_router(ollama_models.router)
     _install_handlers(app)
     app.openapi = partial(_openapi, app, bool(api_key))  # type: ignore[method-assign]
 
@@ -125,12 +131,14 @@ def _openapi(app: FastAPI, keyed: bool) -> dict[str, Any]:
     if app.openapi_schema is not None:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                      description="OpenAI-compatible API of edge (on-device LLM runtime).")
+                      description="OpenAI-compatible and Ollama-native API of edge (on-device LLM runtime).")
     doc.setdefault("components", {}).setdefault("schemas", {}).update(
         openapi_components((*REQUEST_MODELS, *RESPONSES_MODELS)))
-    error = {"description": "error", "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/Error"}}}}
-    for item in doc.get("paths", {}).values():
+    doc["components"]["schemas"].update(ollama_components())
+    for path, item in doc.get("paths", {}).items():
+        name = "OllamaError" if is_ollama_path(path) else "Error"  # each API's own error shape
+        error = {"description": "error", "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{name}"}}}}
         for op in item.values():
             responses = op.setdefault("responses", {})
             for code in ("400", "404", "413", "415", "503") if "requestBody" in op else ("404",):
@@ -147,7 +155,7 @@ def _openapi(app: FastAPI, keyed: bool) -> dict[str, Any]:
 def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(EdgeError)
     async def edge_error(request: Request, exc: EdgeError) -> JSONResponse:
-        status, body, headers = to_http(exc)
+        status, body, headers = to_http(exc, request.url.path)
         if status == 500:  # a backend failure; 503s (loading, busy, hot) are expected states
             log.error("internal error on %s: %r", request.url.path, exc)
         elif status >= 500:
@@ -158,18 +166,18 @@ def _install_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         msg = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
         return JSONResponse(
-            error_payload(exc.status_code, msg),
+            error_body(request.url.path, exc.status_code, msg),
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_payload(400, "invalid request"), status_code=400)
+        return JSONResponse(error_body(request.url.path, 400, "invalid request"), status_code=400)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
         return JSONResponse(
-            error_payload(500, "internal server error", code="internal_error"), status_code=500
+            error_body(request.url.path, 500, "internal server error", code="internal_error"), status_code=500
         )

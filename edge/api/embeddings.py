@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
+from functools import partial
 from typing import Any
 
 import anyio
@@ -36,8 +37,9 @@ def _encode(vec: Any, fmt: str) -> list[float] | str:
     return values
 
 
-async def _run(st: ApiState, inputs: list[str | list[int]]) -> tuple[list[Any], int]:
-    job: EmbedJobLike = await anyio.to_thread.run_sync(st.engine.embed, inputs)  # tokenizing: off the loop
+async def _run(st: ApiState, inputs: list[str | list[int]], truncate: bool) -> tuple[list[Any], int]:
+    # tokenizing: off the loop
+    job: EmbedJobLike = await anyio.to_thread.run_sync(partial(st.engine.embed, inputs, truncate))
     try:
         vectors = await asyncio.wrap_future(job.future)  # a cancelled request cancels the queued job
     finally:
@@ -45,25 +47,32 @@ async def _run(st: ApiState, inputs: list[str | list[int]]) -> tuple[list[Any], 
     return vectors, job.n_tokens
 
 
-@router.post("/v1/embeddings", openapi_extra=request_body_doc(EmbeddingRequest))
-async def embeddings(request: Request) -> Response:
-    st: ApiState = request.app.state.edge
-    body = parse_model(EmbeddingRequest, parse_json(await request.body()))  # nesting bounded first
+async def embed_inputs(st: ApiState, model: str, inputs: list[str | list[int]], dimensions: int | None,
+                       *, truncate: bool = False) -> tuple[list[Any], int]:
+    """The checks and the bounded queue both embeddings APIs share (OpenAI's and Ollama's):
+    (one vector per input, input tokens). `model` is the name as sent (Ollama's ":latest" dropped)."""
     info = await anyio.to_thread.run_sync(st.engine.embedding_info)
     names = {info["model"], *st.model_names} if st.settings.embedding_model is None else {info["model"]}
-    if body.model not in names:
-        st.check_model(body.model)  # ModelNotFound naming what this server serves
+    if model not in names:
+        st.check_model(model)  # ModelNotFound naming what this server serves
         raise InvalidRequest(f"embeddings here come from {info['model']!r}", "model")
-    if body.dimensions is not None and body.dimensions != info["n_embd"]:
-        raise InvalidRequest(f"dimensions={body.dimensions}: {info['model']} gives "
+    if dimensions is not None and dimensions != info["n_embd"]:
+        raise InvalidRequest(f"dimensions={dimensions}: {info['model']} gives "
                              f"{info['n_embd']}-dimensional vectors and cannot shorten them", "dimensions")
     if st.embeds_in_flight >= MAX_IN_FLIGHT:
         raise QueueFull(MAX_IN_FLIGHT, retry_after_s=1.0)
     st.embeds_in_flight += 1
     try:
-        vectors, n_tokens = await _run(st, body.inputs())
+        return await _run(st, inputs, truncate)
     finally:
         st.embeds_in_flight -= 1
+
+
+@router.post("/v1/embeddings", openapi_extra=request_body_doc(EmbeddingRequest))
+async def embeddings(request: Request) -> Response:
+    st: ApiState = request.app.state.edge
+    body = parse_model(EmbeddingRequest, parse_json(await request.body()))  # nesting bounded first
+    vectors, n_tokens = await embed_inputs(st, body.model, body.inputs(), body.dimensions)
     return JSONResponse({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}

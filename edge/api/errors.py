@@ -1,8 +1,10 @@
-"""The one mapping from edge errors to HTTP: status, OpenAI error body, Retry-After.
+"""The one mapping from edge errors to HTTP: status, error body, Retry-After.
 
 OpenAI's shape is `{"error": {"message", "type", "param", "code"}}`. The status
 comes from the error's `kind`; `code` is the error class in snake case so that
-clients can branch on it without parsing messages.
+clients can branch on it without parsing messages. Ollama's native API
+(`/api/*`) answers in Ollama's own shape, `{"error": "message"}`, with the same
+status and headers: `error_body` picks the shape from the request path.
 """
 
 from __future__ import annotations
@@ -53,8 +55,29 @@ def error_payload(
     }
 
 
-def to_http(err: EdgeError) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """(status, body, headers) for a deliberate error. INTERNAL errors get a generic message."""
+OLLAMA_PREFIX = "/api/"
+
+
+def is_ollama_path(path: str) -> bool:
+    return path.startswith(OLLAMA_PREFIX)
+
+
+def ollama_payload(message: str) -> dict[str, Any]:
+    """Ollama's error body (its clients read `error` as a string)."""
+    return {"error": message}
+
+
+def error_body(path: str, status: int, message: str, *, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The error body in the shape of the API `path` belongs to."""
+    if is_ollama_path(path):
+        return ollama_payload(message)
+    return error_payload(status, message, param=param, code=code)
+
+
+def to_http(err: EdgeError, path: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) for a deliberate error, in the shape of `path`'s API.
+    INTERNAL errors get a generic message."""
     status = STATUS_BY_KIND.get(err.kind, 500)
     headers: dict[str, str] = {}
     retry_after_s = getattr(err, "retry_after_s", None)
@@ -64,4 +87,4 @@ def to_http(err: EdgeError) -> tuple[int, dict[str, Any], dict[str, str]]:
         headers["WWW-Authenticate"] = "Bearer"
     param = err.param if isinstance(err, InvalidRequest) else getattr(err, "field", None)
     message = str(err) if status != 500 else "internal server error"
-    return status, error_payload(status, message, param=param, code=_snake(type(err).__name__)), headers
+    return status, error_body(path, status, message, param=param, code=_snake(type(err).__name__)), headers

@@ -15,7 +15,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse, Response
 
-from edge.api.errors import error_payload, to_http
+from edge.api.errors import error_body, is_ollama_path, to_http
 from edge.api.metrics import ApiMetrics
 from edge.errors import BodyTooLarge, EdgeError, Unauthorized
 
@@ -41,12 +41,23 @@ KNOWN_PATHS: frozenset[str] = frozenset(
         "/v1/embeddings",
         "/v1/responses",
         "/openapi.json",
+        # Ollama's native API (edge/api/ollama.py, ollama_models.py)
+        "/api/chat",
+        "/api/generate",
+        "/api/embed",
+        "/api/embeddings",
+        "/api/tags",
+        "/api/show",
+        "/api/ps",
+        "/api/version",
+        "/api/pull",
+        "/api/delete",
     }
 )
 
 
-async def send_error(send: Send, err: EdgeError) -> None:
-    status, body, headers = to_http(err)
+async def send_error(send: Send, err: EdgeError, path: str = "") -> None:
+    status, body, headers = to_http(err, path)
     await send_json(send, status, body, headers)
 
 
@@ -83,7 +94,7 @@ class AuthMiddleware:
         auth = _header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
-            return await send_error(send, Unauthorized())
+            return await send_error(send, Unauthorized(), scope["path"])
         return await self.app(scope, receive, send)
 
 
@@ -99,7 +110,7 @@ class BodyLimitMiddleware:
             return await self.app(scope, receive, send)
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await send_error(send, BodyTooLarge(self.limit))
+            return await send_error(send, BodyTooLarge(self.limit), scope["path"])
         seen = 0
 
         async def limited_receive() -> Message:
@@ -118,20 +129,28 @@ class JsonOnlyMiddleware:
     """415 for a POST to the API whose Content-Type is not `application/json` (parameters such as
     charset allowed). A browser sends text/plain (or no type, for a Blob) cross-site WITHOUT a CORS
     preflight; if such a body were parsed as JSON, any web page the user visits could drive this
-    local server. Requiring application/json forces the preflight, which CORS then refuses."""
+    local server. Requiring application/json forces the preflight, which CORS then refuses.
 
-    def __init__(self, app: ASGIApp, prefix: str = "/v1/") -> None:
+    Ollama's API (`/api/`) is driven with `curl -d '{...}'` (a form content type) in Ollama's own
+    docs, so there a request WITHOUT an Origin header (no web page: browsers send Origin on every
+    cross-site POST) may have any content type; with an Origin the rule above holds."""
+
+    def __init__(self, app: ASGIApp, prefixes: tuple[str, ...] = ("/v1/", "/api/")) -> None:
         self.app = app
-        self.prefix = prefix
+        self.prefixes = prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # only POST: a cross-site DELETE is never a "simple" request, the browser preflights it
         post = scope["type"] == "http" and scope.get("method") == "POST"
-        if post and scope["path"].startswith(self.prefix):
+        path = scope["path"] if post else ""
+        if post and path.startswith(self.prefixes):
+            if is_ollama_path(path) and _header(scope, b"origin") is None:
+                return await self.app(scope, receive, send)
             ctype = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
             if ctype != "application/json":
                 shown = ctype or "none"
-                return await send_json(send, 415, error_payload(
-                    415, f"Content-Type must be application/json (got {shown})", param="Content-Type",
+                return await send_json(send, 415, error_body(
+                    path, 415, f"Content-Type must be application/json (got {shown})", param="Content-Type",
                     code="unsupported_media_type"))
         return await self.app(scope, receive, send)
 

@@ -1,9 +1,12 @@
-"""Request plumbing shared by the generating routes: bodies, disconnects.
+"""Request plumbing shared by the OpenAI and Ollama routes: bodies, disconnects, NDJSON streams.
 
 - `json_body`: the decoded body (nesting bounded first); a body over `INLINE_WORK_BYTES`
   is decoded, and its heavy steps run, in a worker thread so the loop never waits on it.
 - `run_unstreamed`: run a `Generation` to the end while watching for the client leaving
   (a disconnect cancels the engine work at once; the answer is then a 499 nobody reads).
+- `NdjsonStream`: Ollama's streaming framing (one JSON object per line). Its disconnect
+  listener runs from the first byte on, also while the request still waits for a slot and
+  writes nothing, so a client that leaves frees its ticket and slot at the next engine step.
 
 SSE streaming (OpenAI's chat, completions and Responses) is in `edge.api.sse`.
 """
@@ -12,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from edge.api.body import parse_json
 from edge.api.generation import Generation, failure
@@ -76,3 +81,48 @@ async def run_unstreamed(request: Request, gen: Generation) -> bool:
         if err is not None:
             raise err
     return True
+
+
+def ndjson_line(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+class NdjsonStream(StreamingResponse):
+    """`application/x-ndjson` from an async iterator of lines. A client disconnect (read by a
+    listener that runs the whole time) calls `on_disconnect` and stops the body; `on_close`
+    always runs, also when the body never started."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(self, content: AsyncIterator[bytes], on_disconnect: Callable[[], None],
+                 on_close: Callable[[], Awaitable[None]], status_code: int = 200) -> None:
+        super().__init__(content, status_code=status_code, headers={"Cache-Control": "no-cache"})
+        self.content = content
+        self.on_disconnect = on_disconnect
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                async def listen() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    self.on_disconnect()
+                    tg.cancel_scope.cancel()
+
+                async def write() -> None:
+                    with contextlib.suppress(OSError):  # the peer went away mid-write
+                        await send({"type": "http.response.start", "status": self.status_code,
+                                    "headers": self.raw_headers})
+                        async for chunk in self.content:
+                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(listen)
+                await write()
+        finally:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await self.content.aclose()  # type: ignore[attr-defined]
+                await self.on_close()

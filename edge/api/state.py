@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from edge.api.metrics import ApiMetrics
@@ -81,6 +82,8 @@ class ApiState:
     in_flight: dict[str, RequestHandleLike] = field(default_factory=dict)
     embeds_in_flight: int = 0  # /v1/embeddings requests queued or running (bounded there)
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
+    model_path: Path | None = None  # the served GGUF file (Ollama's /api/show, /api/tags); None: unknown
+    ollama_cache: dict[str, Any] = field(default_factory=dict)  # model facts read once (api/ollama_models)
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:

@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         model_aliases=choice.aliases,
         api_key=api_key or "",
         plan=plan_of(engine, choice.path, settings),
+        model_path=choice.path,
     )
     notifier = Notifier()
     state = app.state.edge

@@ -24,7 +24,7 @@ setting into source text, `describe` says which template is in use (/v1/models,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -160,6 +160,7 @@ class TemplateInfo:
     tools: bool  # the template reads the `tools` variable, so tool definitions reach the model
     tool_format: str | None  # "hermes" | "llama3" | "mistral" | "generic" (None: no tools)
     stop: tuple[str, ...] = ()  # turn markers that end generation (fallback and named templates)
+    text: str = field(default="", repr=False, compare=False)  # the Jinja source (Ollama's /api/show)
 
     def as_json(self) -> dict[str, Any]:
         return {"source": self.source, "name": self.name, "tools": self.tools,
@@ -209,7 +210,7 @@ def describe(template: ChatTemplate, choice: TemplateChoice | None = None) -> Te
     # a model's own template ends turns with its end-of-generation token; a borrowed one may not
     stop = NAMED_TEMPLATES[named].stop if named is not None and source != "model" else ()
     fmt = tool_format(template.source)
-    return TemplateInfo(source, name, fmt is not None, fmt, stop)
+    return TemplateInfo(source, name, fmt is not None, fmt, stop, template.source)
 
 
 class _TemplateRaise(Exception):

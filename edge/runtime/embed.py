@@ -73,8 +73,10 @@ def max_input_tokens(model: LlamaModel) -> int:
     return min(BATCH_TOKENS, model.n_ctx_train) if model.n_ctx_train > 0 else BATCH_TOKENS
 
 
-def prepare_inputs(vocab: LlamaModel, inputs: Sequence[str | list[int]]) -> list[list[int]]:
-    """Token ids of every input, checked: InvalidRequest / ContextOverflow name the bad one."""
+def prepare_inputs(vocab: LlamaModel, inputs: Sequence[str | list[int]],
+                   truncate: bool = False) -> list[list[int]]:
+    """Token ids of every input, checked: InvalidRequest / ContextOverflow name the bad one
+    (`truncate`: a too-long input keeps its first tokens instead, as Ollama's /api/embed does)."""
     if not inputs:
         raise InvalidRequest("input must not be empty", param="input")
     if len(inputs) > MAX_INPUTS:
@@ -91,7 +93,9 @@ def prepare_inputs(vocab: LlamaModel, inputs: Sequence[str | list[int]]) -> list
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab.n_vocab for t in toks):
             raise InvalidRequest(f"input[{i}] has token ids outside the vocabulary", param=f"input[{i}]")
         if len(toks) > limit:
-            raise ContextOverflow(len(toks), limit)
+            if not truncate:
+                raise ContextOverflow(len(toks), limit)
+            toks = toks[:limit]
         out.append(toks)
     return out
 

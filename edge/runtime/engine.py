@@ -52,6 +52,7 @@ from edge.runtime.types import (
     EngineStats,
     GenerationRequest,
     Knobs,
+    ResidencyStatus,
     TokenEvent,
 )
 
@@ -312,13 +313,13 @@ class Engine:
         key = admission_key(request.priority, next(self._arrival))
         return Seq(request, prompt, sampler, handle, key, self._clock.monotonic(), on_start)
 
-    def embed(self, inputs: Sequence[str | list[int]]) -> EmbedJob:
+    def embed(self, inputs: Sequence[str | list[int]], truncate: bool = False) -> EmbedJob:
         """L2-normalised embeddings of `inputs` (texts or token ids), computed on the engine
         thread one batch per step: `job.future` resolves with one vector per input
         (`job.n_tokens` counts the input tokens). Raises InvalidRequest / ContextOverflow here,
-        before anything is queued."""
+        before anything is queued; with `truncate`, too-long inputs keep their first tokens."""
         with self.residency.lock:
-            job = EmbedJob(prepare_inputs(self.residency.embed_vocab(), inputs))
+            job = EmbedJob(prepare_inputs(self.residency.embed_vocab(), inputs, truncate))
             self._box.post_embed(job)
         return job
 
@@ -357,6 +358,35 @@ class Engine:
         waiter = self._box.ask_unload()
         waiter.done.wait(timeout_s)
         return waiter.unloaded
+
+    def ensure_loaded(self, timeout_s: float | None = 300.0) -> bool:
+        """Load the weights now if they were unloaded (keep-alive or `unload()`), without a request.
+        True once loaded; False when the load failed or did not finish within `timeout_s`."""
+        if self._box.state in (EngineState.READY, EngineState.PAUSED):
+            return True
+        if self._thread is None:
+            raise EngineStopped(f"cannot load: engine is {self._box.state.value}")
+        waiter = self._box.ask_load()
+        waiter.done.wait(timeout_s)
+        return waiter.loaded
+
+    def set_keep_alive(self, keep_alive_s: float | None) -> None:
+        """How long the model stays loaded once idle, from now on (None: forever; 0: unload as soon
+        as idle). The idle timer itself is unchanged: it counts from the last work."""
+        if keep_alive_s is not None and keep_alive_s < 0:
+            raise InvalidRequest(f"keep-alive must be >= 0 seconds or None, got {keep_alive_s}", "keep_alive")
+        self.residency.keep_alive_s = keep_alive_s
+        self._box.wake()  # an idle engine thread re-reads the timer (it may have slept forever)
+
+    def residency_status(self) -> ResidencyStatus:
+        """Whether the weights are loaded, the keep-alive, and when an idle model would unload."""
+        res = self.residency
+        expires = None
+        if res.loaded and res.keep_alive_s is not None:
+            expires = max(0.0, res.last_active_s + res.keep_alive_s - self._clock.monotonic())
+        busy = not self._loop.idle or self._box.pending()[0] > 0
+        return ResidencyStatus(loaded=res.loaded, keep_alive_s=res.keep_alive_s,
+                               expires_in_s=None if busy else expires, busy=busy)
 
     def tick(self) -> None:
         """Wake the engine thread to look at its idle timer now (tests with a manual clock;

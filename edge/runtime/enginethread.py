@@ -17,7 +17,7 @@ from edge.runtime.types import EngineState
 
 if TYPE_CHECKING:
     from edge.clock import Clock
-    from edge.runtime.mailbox import Mailbox, UnloadWaiter
+    from edge.runtime.mailbox import LoadWaiter, Mailbox, UnloadWaiter
     from edge.runtime.residency import Residency
     from edge.runtime.steploop import StepLoop
 
@@ -44,12 +44,14 @@ class EngineThread:
             if mail.stopping:
                 return
             loop.take(mail)
-            busy = not loop.idle
+            busy = not loop.idle or bool(mail.load_waiters)  # a load request is work to load for
             t_step_s = self.clock.monotonic()  # not after the step: a caller may move a test clock
             try:
                 if not res.loaded and busy and not self._reload():
+                    self._settle_loads(mail.load_waiters)
                     self._settle_unloads(mail.unload_waiters)
                     continue
+                self._settle_loads(mail.load_waiters)
                 if res.loaded:
                     loop.iterate(mail.cancels)
                 if busy or not loop.idle:
@@ -76,6 +78,10 @@ class EngineThread:
         box.set_state(EngineState.PAUSED if loop.knobs.paused else EngineState.READY)
         loop.publish(0.0, 0.0, 0, 0)
         return True
+
+    def _settle_loads(self, waiters: list[LoadWaiter]) -> None:
+        for w in waiters:
+            w.settle(self.res.loaded)
 
     def _settle_unloads(self, waiters: list[UnloadWaiter]) -> None:
         """After a step: honour unload requests and the keep-alive timer."""

@@ -10,6 +10,7 @@ as a snapshot replaced whole; `Residency.lock` orders tokenization against swaps
     apply()   ── set_knobs ──►  knobs
     cancel    ── poke() ─────►  cancel flag
     unload()  ── ask_unload ─►  waiters          ◄── settle ─ Residency
+    ensure_loaded() ─ ask_load ► load waiters     ◄── settle ─ Residency
     stop()    ── ask_stop ───►  stopping
               ◄── state ─────  EngineState (set by either side, waited on by anyone)
 
@@ -46,6 +47,18 @@ class UnloadWaiter:
         self.done.set()
 
 
+class LoadWaiter:
+    """One `ensure_loaded()` call waiting for the engine thread to (re)load the model."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.loaded = False
+
+    def settle(self, loaded: bool) -> None:
+        self.loaded = loaded
+        self.done.set()
+
+
 @dataclass
 class Mail:
     """What the engine thread takes in one go."""
@@ -56,6 +69,7 @@ class Mail:
     cancels: bool = False
     unload_waiters: list[UnloadWaiter] = field(default_factory=list)
     stopping: bool = False
+    load_waiters: list[LoadWaiter] = field(default_factory=list)
 
 
 class Mailbox:
@@ -70,6 +84,7 @@ class Mailbox:
         self._cancels = False
         self._stopping = False
         self._unload_waiters: list[UnloadWaiter] = []
+        self._load_waiters: list[LoadWaiter] = []
         self._state = EngineState.LOADING
 
     # --- any thread ---------------------------------------------------------------
@@ -126,6 +141,15 @@ class Mailbox:
             self._wake()
             return waiter
 
+    def ask_load(self) -> LoadWaiter:
+        with self._cond:
+            if self._state not in ACCEPTING:
+                raise EngineStopped(f"cannot load: engine is {self._state.value}")
+            waiter = LoadWaiter()
+            self._load_waiters.append(waiter)
+            self._wake()
+            return waiter
+
     def begin_drain(self) -> bool:
         """DRAINING: no new work. False when the engine had already stopped or failed."""
         with self._cond:
@@ -175,8 +199,9 @@ class Mailbox:
                 self._cond.wait(wait_s())
             self._dirty = False
             mail = Mail(self._new, self._embeds, self._knobs, self._cancels, self._unload_waiters,
-                        self._stopping)
+                        self._stopping, self._load_waiters)
             self._new, self._embeds, self._unload_waiters, self._cancels = [], [], [], False
+            self._load_waiters = []
             return mail
 
     def _wake(self) -> None:

@@ -172,6 +172,16 @@ class EngineStats:
     chat_steps_with_embed: int = 0  # decode steps that also ran an embedding batch (chat delayed)
 
 
+@dataclass(frozen=True)
+class ResidencyStatus:
+    """Whether the model's weights are in memory and when keep-alive would unload them."""
+
+    loaded: bool
+    keep_alive_s: float | None  # None: never unloads on its own
+    expires_in_s: float | None  # None: not counting down (busy, unloaded or no keep-alive)
+    busy: bool = False
+
+
 class RequestHandleLike(Protocol):
     """What `submit` returns: a stream of `TokenEvent`s ending with one that has `finish_reason`."""
 
@@ -229,6 +239,13 @@ class EngineLike(Protocol):
 
     def unload(self, timeout_s: float | None = 60.0) -> bool: ...  # free weights if idle (else False)
 
-    def embed(self, inputs: Sequence[str | list[int]]) -> EmbedJobLike: ...  # raises typed errors
+    def embed(self, inputs: Sequence[str | list[int]],  # raises typed errors
+              truncate: bool = False) -> EmbedJobLike: ...
+
+    def ensure_loaded(self, timeout_s: float | None = 300.0) -> bool: ...  # reload after an unload
+
+    def set_keep_alive(self, keep_alive_s: float | None) -> None: ...  # None: never unload; 0: at once
+
+    def residency_status(self) -> ResidencyStatus: ...
 
     def embedding_info(self) -> dict[str, Any]: ...  # model, n_embd, pooling, max_input_tokens

@@ -1,0 +1,266 @@
+"""Ollama's model routes: GET /api/tags, /api/ps, /api/version; POST /api/show, /api/pull;
+DELETE /api/delete.
+
+edge serves one model per process, so /api/tags and /api/ps list that model (under
+Ollama's "name:latest" convention; requests may use either spelling). Its facts come
+from the GGUF header (`edge.gguf`), read once: family = architecture, parameter size,
+quantization level, the chat template and `capabilities` (`completion`; `tools` when the
+template renders tool definitions; `embedding`, since /api/embed works with every model).
+Pull and delete act on the model store (`edge.store`): catalog names only, progress
+streamed as Ollama streams it (status lines, then digest/total/completed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from edge import __version__
+from edge.api.errors import ollama_payload, to_http
+from edge.api.generation import template_info
+from edge.api.ollama_schemas import DeleteRequest, PullRequest, ShowRequest, ollama_body_doc
+from edge.api.ollama_support import served_name, state_of, untagged
+from edge.api.respond import NdjsonStream, json_body, ndjson_line
+from edge.api.schemas import parse_model
+from edge.api.state import ApiState
+from edge.errors import EdgeError, InvalidRequest, ModelNotFound
+from edge.gguf import GGUFInfo, validate_gguf
+from edge.planner import MemoryPlan
+from edge.store import ModelStore, sha256_file, store_for
+
+router = APIRouter()
+log = logging.getLogger("edge.api")
+# The Ollama release whose API this one follows. Clients gate features on the version
+# (VS Code's Ollama provider wants >= 0.6.4), so edge's own version would read as "too old".
+OLLAMA_API_VERSION = "0.12.6"
+_FOREVER = timedelta(days=365 * 100)
+
+
+def tagged(name: str) -> str:
+    return name if ":" in name else f"{name}:latest"
+
+
+def _rfc3339(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def parameter_size(n: int) -> str:
+    """Ollama's spelling: 135M, 494M, 1.2B, 7.6B."""
+    if n >= 1_000_000_000:
+        return f"{n / 1e9:.1f}B"
+    if n >= 1_000_000:
+        return f"{n / 1e6:.0f}M"
+    return f"{n / 1e3:.0f}K"
+
+
+def quantization_level(file_type: str | None) -> str:
+    """"MOSTLY_Q4_K_M" -> "Q4_K_M", "ALL_F32" -> "F32" (as Ollama reports it)."""
+    if not file_type:
+        return "unknown"
+    return file_type.removeprefix("MOSTLY_").removeprefix("ALL_").upper()
+
+
+def _facts(st: ApiState) -> dict[str, Any]:
+    """The served model's facts, from its GGUF header and the store (blocking; cached per app)."""
+    if "facts" in st.ollama_cache:
+        return st.ollama_cache["facts"]  # type: ignore[no-any-return]
+    path = st.model_path
+    facts: dict[str, Any] = {"size": 0, "digest": "", "modified_at": _rfc3339(datetime.now(timezone.utc)),
+                             "details": {"parent_model": "", "format": "gguf", "family": "", "families": [],
+                                         "parameter_size": "", "quantization_level": ""},
+                             "model_info": {}, "license": ""}
+    if path is not None and path.is_file():
+        stat = path.stat()
+        facts["size"] = stat.st_size
+        facts["modified_at"] = _rfc3339(datetime.fromtimestamp(stat.st_mtime, timezone.utc))
+        facts["digest"] = _digest(st, path)
+        try:
+            info = validate_gguf(path)
+        except EdgeError:
+            info = None
+        if info is not None:
+            facts.update(_gguf_facts(info))
+    st.ollama_cache["facts"] = facts
+    return facts
+
+
+def _gguf_facts(info: GGUFInfo) -> dict[str, Any]:
+    arch = info.architecture
+    details = {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+               "parameter_size": parameter_size(info.n_params),
+               "quantization_level": quantization_level(info.file_type)}
+    scalars = {k: v for k, v in info.metadata.items()
+               if isinstance(v, (str, int, float, bool)) and not k.startswith("tokenizer.chat_template")}
+    model_info = {**scalars, "general.architecture": arch, "general.parameter_count": info.n_params,
+                  f"{arch}.context_length": info.n_ctx_train, f"{arch}.embedding_length": info.n_embd,
+                  f"{arch}.block_count": info.n_layer, f"{arch}.attention.head_count": info.n_head}
+    return {"details": details, "model_info": model_info, "license": info.license or ""}
+
+
+def _digest(st: ApiState, path: Path) -> str:
+    """sha256 of the file: the store's record when it has one, else computed (once)."""
+    with contextlib.suppress(EdgeError, OSError, ValueError):
+        store = store_for(st.settings)
+        for m in store.list():
+            if Path(m.path).resolve() == path.resolve():
+                return m.sha256
+    return sha256_file(path)
+
+
+async def facts_of(st: ApiState) -> dict[str, Any]:
+    return await anyio.to_thread.run_sync(_facts, st)
+
+
+def capabilities(st: ApiState) -> list[str]:
+    info = template_info(st.engine)
+    caps = ["completion"]
+    if info is not None and info.tools:
+        caps.append("tools")
+    caps.append("embedding")  # /api/embed pools the served model (or the configured embeddings model)
+    return caps
+
+
+def _entry(st: ApiState, facts: dict[str, Any]) -> dict[str, Any]:
+    name = tagged(st.model_id)
+    return {"name": name, "model": name, "modified_at": facts["modified_at"], "size": facts["size"],
+            "digest": facts["digest"], "details": facts["details"]}
+
+
+@router.get("/api/version")
+async def version() -> dict[str, Any]:
+    return {"version": OLLAMA_API_VERSION, "edge_version": __version__}
+
+
+@router.get("/api/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    st = state_of(request)
+    return {"models": [_entry(st, await facts_of(st))]}
+
+
+@router.get("/api/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    st = state_of(request)
+    res = st.engine.residency_status()
+    if not res.loaded:
+        return {"models": []}
+    facts = await facts_of(st)
+    plan = st.plan if isinstance(st.plan, MemoryPlan) else None
+    if res.keep_alive_s is None:
+        left = _FOREVER
+    else:
+        left = timedelta(seconds=res.expires_in_s if res.expires_in_s is not None else res.keep_alive_s)
+    return {"models": [{**_entry(st, facts), "expires_at": _rfc3339(datetime.now(timezone.utc) + left),
+                        "size": plan.total_bytes if plan is not None else facts["size"],
+                        "size_vram": plan.gpu_bytes if plan is not None else 0,
+                        "context_length": st.engine.n_ctx}]}
+
+
+@router.post("/api/show", openapi_extra=ollama_body_doc(ShowRequest))
+async def show(request: Request) -> Response:
+    st = state_of(request)
+    body: ShowRequest = parse_model(ShowRequest, (await json_body(request)).data)
+    served_name(st, body.model)
+    facts = await facts_of(st)
+    info = template_info(st.engine)
+    stops = info.stop if info is not None else ()
+    path = st.model_path or st.model_id
+    return JSONResponse({
+        "license": facts["license"],
+        "modelfile": f"# Modelfile generated by edge\nFROM {path}\n",
+        "parameters": "\n".join(f'stop "{s}"' for s in stops),
+        "template": info.text if info is not None else "",
+        "details": facts["details"],
+        "model_info": facts["model_info"],
+        "capabilities": capabilities(st),
+        "modified_at": facts["modified_at"],
+    })
+
+
+# --- the store ------------------------------------------------------------------------------------
+
+
+def _store_name(store: ModelStore, st: ApiState, name: str) -> str:
+    ref = untagged(st, name)
+    if ref not in store.catalog and store.path_of(ref) is None:
+        raise ModelNotFound(name, f"not in edge's catalog ({', '.join(sorted(store.catalog))})")
+    return ref
+
+
+@router.post("/api/pull", openapi_extra=ollama_body_doc(PullRequest))
+async def pull(request: Request) -> Response:
+    st = state_of(request)
+    body: PullRequest = parse_model(PullRequest, (await json_body(request)).data)
+    store = store_for(st.settings)
+    ref = _store_name(store, st, body.model)
+    entry = store.catalog.get(ref)
+    digest = f"sha256:{entry.sha256}" if entry is not None else ""
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def report(done: int, total: int | None) -> None:
+        item = {"status": f"pulling {digest[7:19]}", "digest": digest, "total": total or 0, "completed": done}
+        loop.call_soon_threadsafe(lines.put_nowait, item)
+
+    failed: list[Exception] = []
+
+    async def run() -> None:
+        """The pull itself, in a worker thread; it finishes even when the client leaves."""
+        try:
+            await anyio.to_thread.run_sync(lambda: store.pull(ref, progress=report))
+            for status in ("verifying sha256 digest", "writing manifest", "success"):
+                lines.put_nowait({"status": status})
+        except EdgeError as exc:
+            failed.append(exc)
+            lines.put_nowait(to_http(exc, "/api/")[1])
+        except Exception as exc:  # a bug in the store: still one Ollama-shaped line, logged
+            log.exception("pull %s failed", ref)
+            failed.append(exc)
+            lines.put_nowait(ollama_payload("internal server error"))
+        finally:
+            lines.put_nowait(None)
+
+    task = asyncio.ensure_future(run())
+    st.ollama_cache.setdefault("pulls", set()).add(task)  # keep a reference until it ends
+    task.add_done_callback(st.ollama_cache["pulls"].discard)
+    lines.put_nowait({"status": "pulling manifest"})
+    if not body.stream:
+        last: dict[str, Any] = {}
+        while (item := await lines.get()) is not None:
+            last = item
+        if failed:
+            raise failed[0]
+        return JSONResponse(last)
+
+    async def stream() -> Any:
+        while (item := await lines.get()) is not None:
+            yield ndjson_line(item)
+
+    async def closed() -> None:
+        return None
+
+    return NdjsonStream(stream(), lambda: None, closed)
+
+
+@router.delete("/api/delete", openapi_extra=ollama_body_doc(DeleteRequest))
+async def delete(request: Request) -> Response:
+    st = state_of(request)
+    body: DeleteRequest = parse_model(DeleteRequest, (await json_body(request)).data)
+    store = store_for(st.settings)
+    ref = untagged(st, body.model)
+    path = store.path_of(ref)
+    if path is None:
+        raise ModelNotFound(body.model, "not in the model store")
+    if st.model_path is not None and os.path.realpath(path) == os.path.realpath(st.model_path):
+        raise InvalidRequest(f"model {body.model!r} is the one this server serves; stop the server first",
+                             "model")
+    await anyio.to_thread.run_sync(store.remove, ref)
+    return Response(status_code=200)
