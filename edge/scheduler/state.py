@@ -34,6 +34,63 @@ class ThermalMode(str, Enum):
     UNAVAILABLE = "unavailable"  # no thermal sensor at all on this machine: thermal control off
 
 
+class PowerControl(str, Enum):
+    OFF = "off"  # no budget in force
+    HOLDING = "holding"  # a budget is held; heat or demand binds, not power
+    LIMITING = "limiting"  # power is the binding constraint
+    FAIL_CLOSED = "fail_closed"  # budget set, power unknown/stale/stuck: conservative cap
+
+
+class BudgetOrigin(str, Enum):
+    NONE = "none"
+    SETTING = "setting"  # --power-budget / EDGE_POWER_BUDGET_W
+    POWER_MODE = "power_mode"  # the nvpmodel mode's
+    PROFILE = "profile"  # profile power_budget_w
+    BATTERY = "battery"  # profile battery_power_budget_w, on battery
+    SUPPLY = "supply"  # the supply reports less than the budget
+
+
+@dataclass(frozen=True)
+class PowerStatus:
+    """The power side of a decision, typed for the API and for load balancers (an HAProxy agent
+    check weight can be read from `headroom_frac`)."""
+
+    control: PowerControl = PowerControl.OFF
+    budget_w: float | None = None
+    origin: BudgetOrigin = BudgetOrigin.NONE
+    power_w: float | None = None  # what the decision was taken on (None: unknown)
+    cap_load: float | None = None  # estimated load the budget allows (None: no cap)
+    on_battery: bool | None = None
+    battery_pct: float | None = None
+    battery_low: bool = False  # on battery under the reserve: background waits
+
+    @property
+    def headroom_w(self) -> float | None:
+        if self.budget_w is None or self.power_w is None or self.control is PowerControl.FAIL_CLOSED:
+            return None
+        return self.budget_w - self.power_w
+
+    @property
+    def headroom_frac(self) -> float | None:
+        """(budget - power) / budget in [0, 1]; 1.0 without a budget; 0.0 while failing closed."""
+        if self.control is PowerControl.OFF:
+            return 1.0
+        if self.control is PowerControl.FAIL_CLOSED or self.budget_w is None or self.budget_w <= 0:
+            return 0.0
+        h = self.headroom_w
+        return None if h is None else min(1.0, max(0.0, h / self.budget_w))
+
+    def as_dict(self) -> dict[str, Any]:
+        def r(v: float | None, n: int = 2) -> float | None:
+            return None if v is None else round(v, n)
+
+        return {"control": self.control.value, "budget_w": self.budget_w, "origin": self.origin.value,
+                "power_w": r(self.power_w), "headroom_w": r(self.headroom_w),
+                "headroom_frac": r(self.headroom_frac, 3), "cap_load": r(self.cap_load, 3),
+                "on_battery": self.on_battery, "battery_pct": self.battery_pct,
+                "battery_low": self.battery_low}
+
+
 class MemoryMode(str, Enum):
     OK = "ok"
     TIGHT = "tight"  # PSI some or low MemAvailable: admit nothing new
@@ -64,6 +121,13 @@ class ControlInput:
     cpu_steal_cores: float | None = None  # (shown in the status only)
     cpu_throttled_pct: float | None = None
     psi_cpu_some_avg10: float | None = None
+    # power (scheduler/power.py)
+    power_w: float | None = None  # smoothed by the monitor
+    power_stale: bool = False  # the power reading is old or stuck (a rail that stopped updating)
+    on_battery: bool | None = None
+    battery_pct: float | None = None
+    power_mode_budget_w: float | None = None  # nvpmodel mode's budget
+    supply_limit_w: float | None = None  # what the supply can deliver now
 
     @classmethod
     def from_reading(cls, reading: Any) -> ControlInput:
@@ -102,6 +166,12 @@ class ControlInput:
             cpu_steal_cores=pick("cpu_steal_cores"),
             cpu_throttled_pct=pick("cpu_throttled_pct"),
             psi_cpu_some_avg10=pick("psi_cpu_some_avg10"),
+            power_w=pick("power_w"),
+            power_stale=bool(pick("power_stale")),
+            on_battery=pick("on_battery"),
+            battery_pct=pick("battery_pct"),
+            power_mode_budget_w=pick("power_mode_budget_w"),
+            supply_limit_w=pick("supply_limit_w"),
         )
 
 
@@ -171,6 +241,19 @@ class ControllerConfig:
     # CPU contention: decode threads = cores actually free (other processes' use rounded, at least 1)
     contention_down_s: float = 2.0  # fewer threads once a neighbour has taken a core this long ...
     contention_up_s: float = 5.0  # ... and back up once the cores have been free this long
+    # power (scheduler/power.py); budgets in watts, None: none
+    power_budget_w: float | None = None  # --power-budget: beats every other budget
+    profile_power_budget_w: float | None = None  # the profile's, on mains
+    battery_power_budget_w: float | None = None  # the profile's, on battery
+    battery_reserve_pct: float = 20.0  # on battery below this charge, background work waits
+    idle_power_w: float = 5.0  # priors of the power model (the profile's), learned from readings
+    max_power_w: float = 15.0
+    power_target_frac: float = 0.95  # aim this far under the budget (noise, one period of lag)
+    power_learn_rate: float = 0.2
+    power_k_p: float = 1.0  # load cut per unit of load-equivalent overshoot
+    power_k_i: float = 0.1  # per load-second of error
+    power_integral_max: float = 2.0  # anti-windup clamp (load-seconds)
+    power_up_interval_s: float = 3.0  # at most one step up this often
 
     @property
     def k_pu(self) -> float:
@@ -191,6 +274,8 @@ def config_for_device(
     reserve_bytes: int | None = None,
     footprint_bytes: int = 0,
     decode_tps: tuple[tuple[int, int, float], ...] = (),
+    power_budget_w: float | None = None,
+    battery_reserve_pct: float | None = None,
 ) -> ControllerConfig:
     """Production gains with this device's facts: `edge serve` and `edge sim` both build it here,
     so the simulator checks the controller that ships. `reserve_bytes` overrides the profile's."""
@@ -199,6 +284,13 @@ def config_for_device(
     if profile is not None:
         facts["limit_c"] = profile.thermal_limit_c
         facts["reserve_bytes"] = profile.memory_reserve_bytes
+        facts.update(profile_power_budget_w=profile.power_budget_w,
+                     battery_power_budget_w=profile.battery_power_budget_w,
+                     idle_power_w=profile.idle_power_w, max_power_w=profile.max_power_w)
+    if power_budget_w is not None:
+        facts["power_budget_w"] = power_budget_w
+    if battery_reserve_pct is not None:
+        facts["battery_reserve_pct"] = battery_reserve_pct
     if reserve_bytes is not None:
         facts["reserve_bytes"] = reserve_bytes
     return ControllerConfig(**facts)
@@ -222,6 +314,11 @@ class ControllerState:
     evicted: bool = False  # memory emergency: all work shed, model unloaded until memory is back
     threads_cap: int | None = None  # decode threads the CPU contention allows (None: no cap)
     threads_pending_s: float | None = None  # since when contention has called for another cap
+    power_level: int = 0  # ladder index the power budget allowed last time
+    power_change_s: float | None = None  # when it last changed (steps up are rate-limited)
+    power_integral: float = 0.0  # load-seconds
+    power_w_per_load: float | None = None  # learned watts per unit of estimated load (None: prior)
+    power_idle_w: float | None = None  # learned idle watts (None: the profile's)
 
 
 @dataclass(frozen=True)
@@ -247,6 +344,7 @@ class Decision:
     evict: bool = False  # memory emergency: shed every request (interactive too) and unload the model
     threads_cap: int | None = None  # decode threads CPU contention allows (None: no cap)
     cpu_other_cores: float | None = None  # what the cap was decided on (None: unknown)
+    power: PowerStatus = field(default_factory=PowerStatus)
 
     def as_dict(self) -> dict[str, Any]:
         k = self.knobs
@@ -268,6 +366,7 @@ class Decision:
             "threads_cap": self.threads_cap,
             "cpu_other_cores": self.cpu_other_cores,
             "background_retry_s": round(self.background_retry_s, 1),
+            "power": self.power.as_dict(),
             "knobs": {
                 "active_limit": k.active_limit,
                 "n_threads": k.n_threads,

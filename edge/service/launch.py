@@ -141,6 +141,7 @@ def build_scheduler(
     from edge.scheduler.state import config_for_device
     from edge.service.telemetry import BuiltSource, source_from_settings
     from edge.sim.device import SimulatedSource
+    from edge.telemetry.monitor import Monitor
 
     spec = settings.telemetry.strip()
     if source_factory is not None:
@@ -161,8 +162,10 @@ def build_scheduler(
     throughput = _calibration(settings, sim)
     config = config_for_device(
         engine.n_slots, knobs.n_threads, profile, reserve_bytes=settings.memory_reserve_bytes,
-        footprint_bytes=footprint,
-        decode_tps=throughput.decode_table(engine.n_slots, knobs.n_threads) if throughput is not None else ())
+        footprint_bytes=footprint, power_budget_w=settings.power_budget_w,
+        battery_reserve_pct=settings.battery_reserve_pct,
+        decode_tps=throughput.decode_table(engine.n_slots, knobs.n_threads) if throughput is not None
+        else ())
     monitor = Monitor(source, clock=clock, profile=profile)
     # admission keeps wall time (Retry-After is for clients); the scheduler compares only its own
     # clock's times (`clock`, compressed under sim:PROFILE@SCALE)

@@ -28,13 +28,13 @@ from edge.runtime.types import Knobs, Priority
 from edge.scheduler.admission import Admission, Ticket
 from edge.scheduler.loop import SchedulerLoop
 from edge.scheduler.state import ControllerConfig, config_for_device
+from edge.sim.device import SimulatedDevice, SimulatedSource
 from edge.sim.engine import SimEngine
 from edge.sim.metrics import RunMetrics, weighted_percentile
 from edge.sim.policies import ConstantPolicy, Policy, ThresholdPolicy
 from edge.sim.throughput import ThroughputModel
 from edge.sim.workloads import WORKLOADS, Client, SimRequest
 from edge.telemetry.monitor import Monitor
-from edge.sim.device import SimulatedDevice, SimulatedSource
 
 SIM_LOG = logging.getLogger("edge.sim.scheduler")  # every decision change is logged at INFO:
 SIM_LOG.setLevel(logging.WARNING)  # in simulated time that is thousands a second, so warnings only

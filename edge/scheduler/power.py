@@ -1,0 +1,142 @@
+"""The power stage of `decide()`: hold a budget in watts, as the kernel's power_allocator does.
+
+Budget, highest precedence first: `--power-budget W` (settings), the nvpmodel mode's budget
+(telemetry), the profile (`battery_power_budget_w` on battery, else `power_budget_w`); a
+supply that reports less than that (`supply_limit_w`: sagging, renegotiated) lowers it.
+The controller aims `power_target_frac` under the budget so that noise and one control
+period of lag stay inside the +5 % any 10 s window may show.
+
+    P     ~ P_idle + w * load                  (w, P_idle learned online from the readings)
+    u_ff  = (P_target - P_idle) / w            (feed-forward: the sustainable load)
+    e     = (P_target - P) / w                 (error in load units)
+    u     = u_ff + k_i * I - k_p * max(0, -e)  (the proportional term only cuts)
+    I     integrates e, clamped; above target always, below only while the cap binds (anti-windup)
+
+`u` picks the fastest ladder level whose estimated load fits (the same ladder as the
+thermal stage, so threads, duty and slots are turned as for heat); the binding one of the
+two, the lower load, wins. Down at once, up at most every `power_up_interval_s`.
+
+Fail closed: with a budget, a missing, stale or stuck power reading caps the load at
+what the profile's worst case (`max_power_w`) allows under the target, and at most
+`conservative_load`: the limit is lowered, never removed.
+
+Battery reserve: on battery below `battery_reserve_pct`, background work waits (not
+admitted, parked, KV kept) while interactive work runs as before (`battery_low`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from edge.scheduler.policy import Level, level_for_budget
+from edge.scheduler.state import (
+    BudgetOrigin,
+    ControlInput,
+    ControllerConfig,
+    ControllerState,
+    PowerControl,
+    PowerStatus,
+)
+
+
+@dataclass(frozen=True)
+class PowerVerdict:
+    """What the power stage allows, and the learning it leaves behind (`status()`: the typed view
+    the Decision carries)."""
+
+    control: PowerControl
+    budget_w: float | None
+    origin: BudgetOrigin
+    power_w: float | None
+    level: int  # ladder index the power budget allows (0: no cap)
+    cap_load: float | None  # allowed estimated load (None: no cap)
+    integral: float
+    w_per_load: float
+    idle_w: float
+    reason: str = ""
+    on_battery: bool | None = None
+    battery_pct: float | None = None
+    battery_low: bool = False
+
+    def status(self) -> PowerStatus:
+        return PowerStatus(self.control, self.budget_w, self.origin, self.power_w, self.cap_load,
+                           self.on_battery, self.battery_pct, self.battery_low)
+
+
+def resolve_budget(inp: ControlInput, cfg: ControllerConfig) -> tuple[float | None, BudgetOrigin]:
+    budget, origin = None, BudgetOrigin.NONE
+    if cfg.power_budget_w is not None:
+        budget, origin = cfg.power_budget_w, BudgetOrigin.SETTING
+    elif inp.power_mode_budget_w is not None:
+        budget, origin = inp.power_mode_budget_w, BudgetOrigin.POWER_MODE
+    elif inp.on_battery and cfg.battery_power_budget_w is not None:
+        budget, origin = cfg.battery_power_budget_w, BudgetOrigin.BATTERY
+    elif cfg.profile_power_budget_w is not None:
+        budget, origin = cfg.profile_power_budget_w, BudgetOrigin.PROFILE
+    if inp.supply_limit_w is not None and (budget is None or inp.supply_limit_w < budget):
+        budget, origin = inp.supply_limit_w, BudgetOrigin.SUPPLY
+    return budget, origin
+
+
+def battery_low(inp: ControlInput, cfg: ControllerConfig) -> bool:
+    """On battery below the reserve (an unknown charge is not taken as low: the budget still holds)."""
+    return bool(inp.on_battery) and inp.battery_pct is not None and inp.battery_pct < cfg.battery_reserve_pct
+
+
+def _prior_w(cfg: ControllerConfig) -> float:
+    return max(0.1, cfg.max_power_w - cfg.idle_power_w)
+
+
+def fail_closed_load(target_w: float, cfg: ControllerConfig) -> float:
+    """The load at which the profile's worst case draws the target, and at most conservative_load."""
+    return min(cfg.conservative_load, max(0.0, (target_w - cfg.idle_power_w) / _prior_w(cfg)))
+
+
+def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConfig, ladder: tuple[Level, ...],
+                  applied: float, dt_s: float) -> PowerVerdict:
+    """One decision of the power stage; pure. `applied` is the load the engine really ran at."""
+    budget, origin = resolve_budget(inp, cfg)
+    low = battery_low(inp, cfg)
+    idle = state.power_idle_w if state.power_idle_w is not None else cfg.idle_power_w
+    w = state.power_w_per_load if state.power_w_per_load is not None else _prior_w(cfg)
+    common = {"on_battery": inp.on_battery, "battery_pct": inp.battery_pct, "battery_low": low}
+    if budget is None:
+        return PowerVerdict(PowerControl.OFF, None, origin, inp.power_w, 0, None, 0.0, w, idle, **common)
+    target = budget * cfg.power_target_frac
+    paused_idx = len(ladder) - 1
+    if inp.power_w is None or inp.power_stale:
+        cap = fail_closed_load(target, cfg)
+        level = level_for_budget(ladder, cap) if cap > 0 else paused_idx
+        why = "power reading stale" if inp.power_stale else "no power reading"
+        return PowerVerdict(PowerControl.FAIL_CLOSED, budget, origin, None, level, cap, state.power_integral,
+                            w, idle, f"power budget {budget:.1f} W ({origin.value}): {why}, failing closed "
+                            f"at load {cap:.2f}", **common)
+    p = inp.power_w
+    # learn the model: watts per unit of estimated load while working, idle watts while idle
+    if dt_s > 0 and applied >= 0.05:
+        seen = (p - idle) / applied
+        w += cfg.power_learn_rate * min(1.0, dt_s) * (seen - w)
+        w = min(3.0 * _prior_w(cfg), max(0.1 * _prior_w(cfg), w))
+    elif dt_s > 0 and applied == 0.0:
+        idle += cfg.power_learn_rate * min(1.0, dt_s) * (p - idle)
+        idle = min(cfg.max_power_w, max(0.0, idle))
+    ff = (target - idle) / w
+    err = (target - p) / w
+    binding = 0 < state.power_level < paused_idx and applied >= 0.8 * ladder[state.power_level].load
+    integral = state.power_integral
+    if err < 0 or binding:
+        integral += err * dt_s
+    else:
+        integral *= math.exp(-dt_s / cfg.integral_decay_s)
+    integral = min(cfg.power_integral_max, max(-cfg.power_integral_max, integral))
+    u = min(1.0, max(0.0, ff + cfg.power_k_i * integral - cfg.power_k_p * max(0.0, -err)))
+    target_level = level_for_budget(ladder, u)
+    level = state.power_level
+    since_up = math.inf if state.power_change_s is None else inp.t_s - state.power_change_s
+    if target_level > level or (target_level < level and since_up >= cfg.power_up_interval_s):
+        level = target_level
+    control = PowerControl.LIMITING if level > 0 else PowerControl.HOLDING
+    reason = (f"power {p:.1f} W, budget {budget:.1f} W ({origin.value}), target {target:.1f} W: "
+              f"load cap {u:.2f} -> {ladder[level].label}")
+    return PowerVerdict(control, budget, origin, p, level, u, integral, w, idle, reason, **common)
