@@ -250,7 +250,8 @@ class Monitor:
         """(smoothed power or None, stale): unknown when the latest sample has none."""
         if sample is None or sample.power_w is None or self._power_ema is None:
             return None, stale
-        stuck_s = self.battery_stuck_s if sample.power_source == "battery" else self.power_stuck_s
+        slow = sample.power_source in ("battery", "powermetrics")  # read every 5-60 s
+        stuck_s = self.battery_stuck_s if slow else self.power_stuck_s
         stuck = self._power_moved_s is not None and now - self._power_moved_s >= stuck_s
         return self._power_ema, stale or stuck
 
