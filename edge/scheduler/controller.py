@@ -73,7 +73,7 @@ from edge.runtime.types import EngineStats, Knobs
 from edge.scheduler.contention import ThreadsVerdict, threads_for_contention
 from edge.scheduler.memory import MemoryVerdict, memory_verdict
 from edge.scheduler.policy import interactive_first
-from edge.scheduler.power import PowerVerdict, power_verdict
+from edge.scheduler.power import Demand, PowerVerdict, power_verdict
 from edge.scheduler.state import (
     ControlInput,
     ControllerConfig,
@@ -204,7 +204,9 @@ def decide(
     inp = reading if isinstance(reading, ControlInput) else ControlInput.from_reading(reading)
     fr = frame(inp, stats, state, cfg)
     th_heat = thermal_verdict(inp, state, cfg, fr)
-    pv = power_verdict(inp, state, cfg, fr.ladder, fr.applied, fr.dt_s)
+    demand = Demand(queue.running_interactive + queue.waiting_interactive,
+                    queue.running_background + queue.waiting_background)
+    pv = power_verdict(inp, state, cfg, fr.ladder, fr.applied, fr.dt_s, demand)
     th = combine_power(th_heat, pv, fr)
     mem = memory_verdict(inp, state, cfg)
     threads = threads_for_contention(inp, state, cfg)
@@ -231,8 +233,8 @@ def decide(
     new_state = ControllerState(
         mode=th.mode,
         memory=mem.mode,
-        level=th.level,
-        last_change_s=now if th.level != state.level else state.last_change_s,
+        level=th_heat.level,  # the thermal stage's own level: a power cap is not a thermal one
+        last_change_s=now if th_heat.level != state.level else state.last_change_s,
         last_t_s=now,
         integral_c_s=th.integral_c_s,
         u_sus=min(1.0, max(0.05, th.u_sus)),
@@ -269,6 +271,7 @@ def decide(
         throttle_reasons=tuple(tags),
         threads_cap=threads.cap,
         cpu_other_cores=inp.cpu_other_cores,
-        power=pv.status(),
+        power=replace(pv.status(), control=PowerControl.HOLDING)
+        if pv.control is PowerControl.LIMITING and pv.level <= th_heat.level else pv.status(),
     )
     return decision, new_state

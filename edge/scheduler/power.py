@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
-from edge.scheduler.policy import Level, level_for_budget
+from edge.scheduler.policy import Level, Rates, estimated_load
 from edge.scheduler.state import (
     BudgetOrigin,
     ControlInput,
@@ -93,9 +94,54 @@ def fail_closed_load(target_w: float, cfg: ControllerConfig) -> float:
     return min(cfg.conservative_load, max(0.0, (target_w - cfg.idle_power_w) / _prior_w(cfg)))
 
 
+@dataclass(frozen=True)
+class Demand:
+    """Sequences that want to run now (running, parked or waiting), by priority."""
+
+    interactive: int = 0
+    background: int = 0
+
+
+def effective_loads(ladder: tuple[Level, ...], demand: Demand, cfg: ControllerConfig,
+                    rates: Rates | None) -> list[float]:
+    """Estimated load each level would really run at with this demand: no more sequences than want
+    to run, background held to the level's efficient batch (as shape_knobs does). A budget in watts is
+    about what is drawn, not what a level could draw with every slot busy."""
+    want = demand.interactive + demand.background
+    loads = []
+    for lv in ladder:
+        k = lv.knobs
+        if k.paused:
+            loads.append(0.0)
+            continue
+        active = min(max(1, want), k.active_limit)
+        if lv.batch > 0 and demand.background > 0:
+            active = min(active, max(lv.batch, demand.interactive))
+        loads.append(estimated_load(active, k.n_threads, k.duty, cfg.n_slots, cfg.max_threads, k.off_threads,
+                                    rates))
+    return loads
+
+
+@lru_cache(maxsize=256)
+def _loads_for(cfg: ControllerConfig, demand: Demand) -> tuple[float, ...]:
+    from edge.scheduler.thermal import ladder_for, rates_for  # cached per config
+
+    return tuple(effective_loads(ladder_for(cfg), demand, cfg, rates_for(cfg)))
+
+
+def _fastest_within(loads: list[float], u: float) -> int:
+    for i, load in enumerate(loads):
+        if load <= u + 1e-9:
+            return i
+    return len(loads) - 1
+
+
 def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConfig, ladder: tuple[Level, ...],
-                  applied: float, dt_s: float) -> PowerVerdict:
+                  applied: float, dt_s: float, demand: Demand | None = None,
+                  rates: Rates | None = None) -> PowerVerdict:
     """One decision of the power stage; pure. `applied` is the load the engine really ran at."""
+    want = demand or Demand(background=cfg.n_slots)
+    loads = list(_loads_for(cfg, want)) if rates is None else effective_loads(ladder, want, cfg, rates)
     budget, origin = resolve_budget(inp, cfg)
     low = battery_low(inp, cfg)
     idle = state.power_idle_w if state.power_idle_w is not None else cfg.idle_power_w
@@ -107,7 +153,7 @@ def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConf
     paused_idx = len(ladder) - 1
     if inp.power_w is None or inp.power_stale:
         cap = fail_closed_load(target, cfg)
-        level = level_for_budget(ladder, cap) if cap > 0 else paused_idx
+        level = _fastest_within(loads, cap) if cap > 0 else paused_idx
         why = "power reading stale" if inp.power_stale else "no power reading"
         return PowerVerdict(PowerControl.FAIL_CLOSED, budget, origin, None, level, cap, state.power_integral,
                             w, idle, f"power budget {budget:.1f} W ({origin.value}): {why}, failing closed "
@@ -123,7 +169,7 @@ def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConf
         idle = min(cfg.max_power_w, max(0.0, idle))
     ff = (target - idle) / w
     err = (target - p) / w
-    binding = 0 < state.power_level < paused_idx and applied >= 0.8 * ladder[state.power_level].load
+    binding = 0 < state.power_level < paused_idx and applied >= 0.8 * loads[state.power_level]
     integral = state.power_integral
     if err < 0 or binding:
         integral += err * dt_s
@@ -131,7 +177,7 @@ def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConf
         integral *= math.exp(-dt_s / cfg.integral_decay_s)
     integral = min(cfg.power_integral_max, max(-cfg.power_integral_max, integral))
     u = min(1.0, max(0.0, ff + cfg.power_k_i * integral - cfg.power_k_p * max(0.0, -err)))
-    target_level = level_for_budget(ladder, u)
+    target_level = _fastest_within(loads, u)
     level = state.power_level
     since_up = math.inf if state.power_change_s is None else inp.t_s - state.power_change_s
     if target_level > level or (target_level < level and since_up >= cfg.power_up_interval_s):

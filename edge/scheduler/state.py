@@ -250,8 +250,8 @@ class ControllerConfig:
     max_power_w: float = 15.0
     power_target_frac: float = 0.95  # aim this far under the budget (noise, one period of lag)
     power_learn_rate: float = 0.2
-    power_k_p: float = 1.0  # load cut per unit of load-equivalent overshoot
-    power_k_i: float = 0.1  # per load-second of error
+    power_k_p: float = 0.1  # extra load cut per unit of load-equivalent overshoot (pays the energy back)
+    power_k_i: float = 0.05  # per load-second of error
     power_integral_max: float = 2.0  # anti-windup clamp (load-seconds)
     power_up_interval_s: float = 3.0  # at most one step up this often
 
@@ -302,7 +302,7 @@ class ControllerState:
 
     mode: ThermalMode = ThermalMode.NOMINAL
     memory: MemoryMode = MemoryMode.OK
-    level: int = 0  # index into the actuator ladder; 0 is full speed
+    level: int = 0  # the thermal stage's index into the actuator ladder; 0 is full speed
     last_change_s: float | None = None
     last_t_s: float | None = None
     integral_c_s: float = 0.0
