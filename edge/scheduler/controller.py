@@ -119,7 +119,7 @@ class Admit:
 
 def shape_knobs(th: Thermal, mem: MemoryVerdict, threads: ThreadsVerdict, queue: QueueState,
                 stats: EngineStats | None, fr: Frame, cfg: ControllerConfig,
-                power_binds: bool = False) -> Shaped:
+                power_cap: float | None = None) -> Shaped:
     """Interactive first: park background while a chat waits for its first token; hold background
     to the level's efficient batch; background alone is the workload; nothing new under memory
     pressure; no more decode threads than free cores."""
@@ -133,10 +133,12 @@ def shape_knobs(th: Thermal, mem: MemoryVerdict, threads: ThreadsVerdict, queue:
             and n_background > 0):
         # time to first token is what a user waits on: until it comes, interactive work runs
         # alone; once it streams, it shares the batch with background work (below)
-        # no boost above the level while power binds: a budget in watts has no heat capacity to borrow
-        headroom = (not power_binds and th.forecast_c is not None
+        # while power binds: no boost (a budget in watts has no heat capacity to borrow), and the
+        # chat alone gets what the budget allows, not what the level would draw with every slot busy
+        headroom = (power_cap is None and th.forecast_c is not None
                     and th.forecast_c < fr.t_set_c + cfg.interactive_band_c)
-        knobs = interactive_first(level, n_interactive, cfg.n_slots, cfg.max_threads, cfg.min_duty,
+        budget_level = level if power_cap is None else replace(level, load=min(level.load, power_cap))
+        knobs = interactive_first(budget_level, n_interactive, cfg.n_slots, cfg.max_threads, cfg.min_duty,
                                   headroom, rates_for(cfg))
         reason, tags = "interactive first, background parked", ("limiting:background_parked",)
     elif n_background > 0 and not knobs.paused and level.batch > 0:
@@ -210,7 +212,9 @@ def decide(
     th = combine_power(th_heat, pv, fr)
     mem = memory_verdict(inp, state, cfg)
     threads = threads_for_contention(inp, state, cfg)
-    shaped = shape_knobs(th, mem, threads, queue, stats, fr, cfg, power_binds=th.level > th_heat.level)
+    power_binds = th.level > th_heat.level
+    shaped = shape_knobs(th, mem, threads, queue, stats, fr, cfg,
+                         power_cap=pv.cap_load if power_binds else None)
     if pv.battery_low:
         shaped = replace(shaped, knobs=battery_hold(shaped.knobs, queue),
                          reason=f"{shaped.reason}; " if shaped.reason else "",

@@ -149,7 +149,9 @@ def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConf
     common = {"on_battery": inp.on_battery, "battery_pct": inp.battery_pct, "battery_low": low}
     if budget is None:
         return PowerVerdict(PowerControl.OFF, None, origin, inp.power_w, 0, None, 0.0, w, idle, **common)
-    target = budget * cfg.power_target_frac
+    # a noisy sensor hides overshoots in its scatter: keep the target clear of it
+    noise = inp.power_noise_w if inp.power_noise_w is not None else 0.0
+    target = max(0.0, budget * cfg.power_target_frac - cfg.power_noise_margin * noise)
     paused_idx = len(ladder) - 1
     if inp.power_w is None or inp.power_stale:
         cap = fail_closed_load(target, cfg)
@@ -175,7 +177,7 @@ def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConf
         integral += err * dt_s
     else:
         integral *= math.exp(-dt_s / cfg.integral_decay_s)
-    integral = min(cfg.power_integral_max, max(-cfg.power_integral_max, integral))
+    integral = min(cfg.power_integral_credit, max(-cfg.power_integral_max, integral))
     u = min(1.0, max(0.0, ff + cfg.power_k_i * integral - cfg.power_k_p * max(0.0, -err)))
     target_level = _fastest_within(loads, u)
     level = state.power_level

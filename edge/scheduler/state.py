@@ -124,6 +124,7 @@ class ControlInput:
     # power (scheduler/power.py)
     power_w: float | None = None  # smoothed by the monitor
     power_stale: bool = False  # the power reading is old or stuck (a rail that stopped updating)
+    power_noise_w: float | None = None  # how much single readings scatter (the target keeps clear of it)
     on_battery: bool | None = None
     battery_pct: float | None = None
     power_mode_budget_w: float | None = None  # nvpmodel mode's budget
@@ -168,6 +169,7 @@ class ControlInput:
             psi_cpu_some_avg10=pick("psi_cpu_some_avg10"),
             power_w=pick("power_w"),
             power_stale=bool(pick("power_stale")),
+            power_noise_w=pick("power_noise_w"),
             on_battery=pick("on_battery"),
             battery_pct=pick("battery_pct"),
             power_mode_budget_w=pick("power_mode_budget_w"),
@@ -248,11 +250,13 @@ class ControllerConfig:
     battery_reserve_pct: float = 20.0  # on battery below this charge, background work waits
     idle_power_w: float = 5.0  # priors of the power model (the profile's), learned from readings
     max_power_w: float = 15.0
-    power_target_frac: float = 0.95  # aim this far under the budget (noise, one period of lag)
+    power_target_frac: float = 1.0  # aim at this share of the budget (the 10 s windows may show +5 %)
+    power_noise_margin: float = 0.5  # the target sits this many mean deviations of the readings lower
     power_learn_rate: float = 0.2
     power_k_p: float = 0.1  # extra load cut per unit of load-equivalent overshoot (pays the energy back)
     power_k_i: float = 0.05  # per load-second of error
-    power_integral_max: float = 2.0  # anti-windup clamp (load-seconds)
+    power_integral_max: float = 2.0  # anti-windup clamp (load-seconds) over budget ...
+    power_integral_credit: float = 0.5  # ... and under it: a small credit, a surge of demand spends it
     power_up_interval_s: float = 3.0  # at most one step up this often
 
     @property

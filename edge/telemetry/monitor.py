@@ -91,6 +91,7 @@ class MonitorReading:
     fast_slope_c_per_s: float | None = None  # slope of the raw readings over `fast_slope_window_s`
     power_w: float | None = None  # EMA-smoothed total power; None when unknown
     power_stale: bool = False  # the power reading is old, or has not changed for `power_stuck_s`
+    power_noise_w: float | None = None  # mean absolute deviation of the raw readings from the EMA
 
     @property
     def headroom_c(self) -> float | None:
@@ -155,6 +156,7 @@ class Monitor:
         self._power_t_s: float | None = None
         self._power_raw: float | None = None
         self._power_moved_s: float | None = None  # when the raw power reading last changed
+        self._power_mad: float | None = None
         self._lock = threading.Lock()
         self._sample: Sample | None = None
         self._ema_c: float | None = None
@@ -239,7 +241,11 @@ class Monitor:
         gap_s = None if self._power_t_s is None else now - self._power_t_s
         if self._power_ema is None or gap_s is None or gap_s > self.stale_after_s:
             self._power_ema = power_w
+            self._power_mad = None
         else:
+            dev = abs(power_w - self._power_ema)  # noise (and real changes) around the smoothed value
+            mad = self._power_mad
+            self._power_mad = dev if mad is None else mad + 0.1 * (dev - mad)
             alpha = 1.0 - math.exp(-max(gap_s, 0.0) / self.power_tau_s) if self.power_tau_s > 0 else 1.0
             self._power_ema += alpha * (power_w - self._power_ema)
         if self._power_raw is None or power_w != self._power_raw or self._power_moved_s is None:
@@ -249,7 +255,7 @@ class Monitor:
     def _power_state(self, sample: Sample | None, now: float, stale: bool) -> tuple[float | None, bool]:
         """(smoothed power or None, stale): unknown when the latest sample has none."""
         if sample is None or sample.power_w is None or self._power_ema is None:
-            return None, stale
+            return None, True if sample is not None and sample.power_w is None else stale
         slow = sample.power_source in ("battery", "powermetrics")  # read every 5-60 s
         stuck_s = self.battery_stuck_s if slow else self.power_stuck_s
         stuck = self._power_moved_s is not None and now - self._power_moved_s >= stuck_s
@@ -309,6 +315,7 @@ class Monitor:
                 fast_slope_c_per_s=fast,
                 power_w=power_w,
                 power_stale=power_stale,
+                power_noise_w=self._power_mad,
             )
 
 
