@@ -46,7 +46,8 @@ def hold(cfg: ControllerConfig, seconds: int, power_of=device_power,  # type: ig
     for t in range(seconds):
         p = power_of(knobs)
         running = min(active, knobs.active_limit)
-        d, state = decide(inp(float(t), p, **kw), queue, engine_stats(active=running, knobs=knobs), state, cfg)
+        stats = engine_stats(active=running, knobs=knobs)
+        d, state = decide(inp(float(t), p, **kw), queue, stats, state, cfg)
         knobs = d.knobs
         trace.append((t, p, d))
     return trace, state
