@@ -142,7 +142,7 @@ class _Run:
         self.rng = random.Random(seed)
         self.clock = ManualClock()
         self.device = SimulatedDevice(profile, tp, order=2)
-        self.plan.start(self.device)
+        self.plan.start(self.device, duration_s)
         if scenario.ambient_c is not None:
             self.device.ambient_c = self.device.die_c = self.device.sink_c = scenario.ambient_c
         self.engine = SimEngine(tp, N_SLOTS, Knobs(N_SLOTS, tp.max_threads, 1.0), MODEL_BYTES,
@@ -304,6 +304,7 @@ class _Run:
         self._power_metrics()
         if self.loop is not None:
             m.extra["throttle_decisions"] = self.loop.state.mode.value
+            m.extra["throttle_events"] = dict(self.loop.throttle_events)
         return m
 
 

@@ -30,7 +30,7 @@ class PowerPlan:
     budget_frac: float | None = None  # ... or as idle + frac * (max - idle) of the profile
     unplug_at: float | None = None  # fraction of the run at which the machine goes on battery
     battery_frac: float | None = None  # the profile's battery budget, as a fraction as above
-    battery_hours: float = 0.26  # battery capacity, in hours at the battery budget
+    battery_hours: float = 0.26  # battery capacity, in hours at the battery budget, for a 30 min run
     battery_start_pct: float = 100.0
     sag_at: float | None = None  # the supply starts to sag ...
     sag_from_frac: float = 1.0  # ... from this share of the profile's range ...
@@ -78,10 +78,11 @@ class PowerPlan:
         return any(v is not None for v in (self.budget_w, self.budget_frac, self.unplug_at, self.sag_at,
                                            self.rail_stuck_at, self.fan_stick_at)) or self.lag_s > 0
 
-    def start(self, device: SimulatedDevice) -> None:
+    def start(self, device: SimulatedDevice, duration_s: float) -> None:
+        """Size the battery to the run, so a short test run crosses the reserve like a 30 min one."""
         budget = self.battery_w(device.profile)
         if self.unplug_at is not None and budget is not None:
-            device.battery_wh = self.battery_hours * budget
+            device.battery_wh = self.battery_hours * budget * duration_s / 1800.0
             device.battery_pct = self.battery_start_pct
 
     def apply(self, device: SimulatedDevice, source: SimulatedSource | None, t_s: float,
