@@ -126,6 +126,10 @@ class Settings(BaseSettings):
         None, gt=0, le=10_000, description="Power budget in watts the scheduler holds (beats the nvpmodel "
         "mode's and the profile's; None: those, if any)."
     )
+    battery_power_budget_w: float | None = Field(
+        None, gt=0, le=10_000, description="Power budget in watts while on battery (beats the profile's; "
+        "None: the profile's battery_power_budget_w, if any)."
+    )
     battery_reserve_pct: float = Field(
         20.0, ge=0, le=100, description="On battery below this charge, background work waits; "
         "interactive work keeps running."

@@ -280,6 +280,7 @@ def config_for_device(
     decode_tps: tuple[tuple[int, int, float], ...] = (),
     power_budget_w: float | None = None,
     battery_reserve_pct: float | None = None,
+    battery_power_budget_w: float | None = None,
 ) -> ControllerConfig:
     """Production gains with this device's facts: `edge serve` and `edge sim` both build it here,
     so the simulator checks the controller that ships. `reserve_bytes` overrides the profile's."""
@@ -295,6 +296,8 @@ def config_for_device(
         facts["power_budget_w"] = power_budget_w
     if battery_reserve_pct is not None:
         facts["battery_reserve_pct"] = battery_reserve_pct
+    if battery_power_budget_w is not None:
+        facts["battery_power_budget_w"] = battery_power_budget_w
     if reserve_bytes is not None:
         facts["reserve_bytes"] = reserve_bytes
     return ControllerConfig(**facts)

@@ -164,6 +164,7 @@ def build_scheduler(
         engine.n_slots, knobs.n_threads, profile, reserve_bytes=settings.memory_reserve_bytes,
         footprint_bytes=footprint, power_budget_w=settings.power_budget_w,
         battery_reserve_pct=settings.battery_reserve_pct,
+        battery_power_budget_w=settings.battery_power_budget_w,
         decode_tps=throughput.decode_table(engine.n_slots, knobs.n_threads) if throughput is not None
         else ())
     monitor = Monitor(source, clock=clock, profile=profile)
