@@ -18,7 +18,8 @@ two, the lower load, wins. Down at once, up at most every `power_up_interval_s`.
 
 Fail closed: with a budget, a missing, stale or stuck power reading caps the load at
 what the profile's worst case (`max_power_w`) allows under the target, and at most
-`conservative_load`: the limit is lowered, never removed.
+`conservative_load`: the limit is lowered, never removed. The power stage never pauses:
+its floor is the lowest running level, since admitted work must progress (heat may pause).
 
 Battery reserve: on battery below `battery_reserve_pct`, background work waits (not
 admitted, parked, KV kept) while interactive work runs as before (`battery_low`).
@@ -155,7 +156,7 @@ def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConf
     paused_idx = len(ladder) - 1
     if inp.power_w is None or inp.power_stale:
         cap = fail_closed_load(target, cfg)
-        level = _fastest_within(loads, cap) if cap > 0 else paused_idx
+        level = min(_fastest_within(loads, cap), paused_idx - 1)
         why = "power reading stale" if inp.power_stale else "no power reading"
         return PowerVerdict(PowerControl.FAIL_CLOSED, budget, origin, None, level, cap, state.power_integral,
                             w, idle, f"power budget {budget:.1f} W ({origin.value}): {why}, failing closed "
@@ -179,7 +180,9 @@ def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConf
         integral *= math.exp(-dt_s / cfg.integral_decay_s)
     integral = min(cfg.power_integral_credit, max(-cfg.power_integral_max, integral))
     u = min(1.0, max(0.0, ff + cfg.power_k_i * integral - cfg.power_k_p * max(0.0, -err)))
-    target_level = _fastest_within(loads, u)
+    # never paused for power: work that is admitted must progress; the lowest running level is the
+    # most a budget can ask (a budget under the idle power cannot be met by running less)
+    target_level = min(_fastest_within(loads, u), paused_idx - 1)
     level = state.power_level
     since_up = math.inf if state.power_change_s is None else inp.t_s - state.power_change_s
     if target_level > level or (target_level < level and since_up >= cfg.power_up_interval_s):

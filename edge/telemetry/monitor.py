@@ -255,7 +255,7 @@ class Monitor:
     def _power_state(self, sample: Sample | None, now: float, stale: bool) -> tuple[float | None, bool]:
         """(smoothed power or None, stale): unknown when the latest sample has none."""
         if sample is None or sample.power_w is None or self._power_ema is None:
-            return None, True if sample is not None and sample.power_w is None else stale
+            return None, stale
         slow = sample.power_source in ("battery", "powermetrics")  # read every 5-60 s
         stuck_s = self.battery_stuck_s if slow else self.power_stuck_s
         stuck = self._power_moved_s is not None and now - self._power_moved_s >= stuck_s

@@ -105,7 +105,9 @@ def test_integral_is_clamped_under_a_persistent_overshoot() -> None:
     cfg = ControllerConfig(**{**CFG.__dict__, "power_budget_w": 6.0})
     trace, state = hold(cfg, 200, power_of=lambda k: 14.0)  # a reading that never follows the knobs
     assert state.power_integral == pytest.approx(-cfg.power_integral_max)
-    assert trace[-1][2].knobs.paused or trace[-1][2].power.cap_load == 0.0
+    k, floor = trace[-1][2].knobs, LADDER[-2].knobs
+    assert trace[-1][2].power.cap_load == 0.0 and not k.paused  # the floor, not a pause
+    assert (k.n_threads, k.duty) == (floor.n_threads, floor.duty)
 
 
 @pytest.mark.parametrize("fault", ["missing", "stale"])
@@ -118,6 +120,12 @@ def test_fail_closed_lowers_the_load_never_removes_the_limit(fault: str) -> None
     assert LADDER[[lv.knobs for lv in LADDER].index(d.knobs) if d.knobs in [lv.knobs for lv in LADDER]
                   else -1].load <= cap + 1e-9
     assert "limiting:power_fail_closed" in d.throttle_reasons
+    assert not d.knobs.paused  # admitted work still progresses, at the lowest running level at worst
+    tiny = ControllerConfig(**{**CFG.__dict__, "power_budget_w": 3.0})  # under the idle power
+    d, _ = decide(r, BUSY, engine_stats(active=8, knobs=LADDER[0].knobs), ControllerState(), tiny)
+    floor = LADDER[-2].knobs
+    assert not d.knobs.paused and (d.knobs.n_threads, d.knobs.duty) == (floor.n_threads, floor.duty)
+    assert d.admit_interactive
     # no budget: a missing power reading changes nothing
     d, _ = decide(inp(0, None), BUSY, engine_stats(active=8, knobs=LADDER[0].knobs), ControllerState(), CFG)
     assert d.knobs == LADDER[0].knobs
