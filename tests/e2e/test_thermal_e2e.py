@@ -19,8 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge.config import load_profile
-from edge.sim.throughput import load_throughput
 from edge.sim.device import SimulatedDevice
+from edge.sim.throughput import load_throughput
 from tests.e2e.conftest import LiveServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]

@@ -6,13 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from edge.clock import ManualClock
+from edge.clock import ManualClock, ScaledClock
 from edge.config import Settings, load_profile
 from edge.errors import ConfigError
 from edge.runtime.types import EngineStats, Knobs
 from edge.scheduler.state import ThermalMode
 from edge.service.launch import build_scheduler
-from edge.clock import ScaledClock
 from edge.sim.device import SimulatedSource
 from edge.telemetry.detect import parse_sim_spec, resolve
 from tests.fakes import ScriptedEngine

@@ -13,9 +13,9 @@ from edge.runtime.types import EngineState, EngineStats, Knobs, Priority
 from edge.scheduler.admission import Admission
 from edge.scheduler.loop import FAST_INTERVAL_S, INTERVAL_S, SchedulerLoop
 from edge.scheduler.state import ControllerConfig, MemoryMode, ThermalMode
+from edge.sim.device import SimulatedDevice, SimulatedSource
 from edge.sim.throughput import ThroughputModel
 from edge.telemetry.monitor import Monitor
-from edge.sim.device import SimulatedDevice, SimulatedSource
 from tests.fakes import ScriptedEngine, engine_stats
 
 CFG = ControllerConfig(n_slots=2, max_threads=2, limit_c=99.0, reserve_bytes=1 << 30)

@@ -7,9 +7,9 @@ import pytest
 from edge.clock import ManualClock
 from edge.config import load_profile
 from edge.runtime.types import EngineStats, Knobs
+from edge.sim.device import GiB, SimulatedDevice, SimulatedSource, make_source
 from edge.sim.throughput import ThroughputModel
 from edge.telemetry.sample import PressureLevel
-from edge.sim.device import GiB, SimulatedDevice, SimulatedSource, make_source
 from tests.fakes import engine_stats
 
 TP = ThroughputModel(
