@@ -114,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): no constant setting runs without "
                   f"throttling or an OOM kill; edge {r['tokens']} tokens, {r['oom_events']} OOM")
         elif r["policy"] == "edge" and "best_constant_tokens" in r:
-            print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): best never-throttling constant "
+            within = " within the power budget" if "worst_window_ratio" in r else ""
+            print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): best never-throttling "
+                  f"constant{within} "
                   f"{r['best_constant']} -> {r['best_constant_tokens']} tokens; edge {r['tokens']} "
                   f"({_fmt(r.get('edge_fraction_of_best_constant'))}); best constant staying 3 C below "
                   f"the limit {r.get('best_strict_constant')} -> {r.get('best_strict_constant_tokens')} "
