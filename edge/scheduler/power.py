@@ -152,6 +152,7 @@ def power_verdict(inp: ControlInput, state: ControllerState, cfg: ControllerConf
         return PowerVerdict(PowerControl.OFF, None, origin, inp.power_w, 0, None, 0.0, w, idle, **common)
     # a noisy sensor hides overshoots in its scatter: keep the target clear of it
     noise = inp.power_noise_w if inp.power_noise_w is not None else 0.0
+    noise = max(0.0, noise - cfg.power_noise_floor_frac * budget)  # a quiet rail's jitter is no risk
     target = max(0.0, budget * cfg.power_target_frac - cfg.power_noise_margin * noise)
     paused_idx = len(ladder) - 1
     if inp.power_w is None or inp.power_stale:

@@ -251,7 +251,8 @@ class ControllerConfig:
     idle_power_w: float = 5.0  # priors of the power model (the profile's), learned from readings
     max_power_w: float = 15.0
     power_target_frac: float = 1.0  # aim at this share of the budget (the 10 s windows may show +5 %)
-    power_noise_margin: float = 0.5  # the target sits this many mean deviations of the readings lower
+    power_noise_margin: float = 0.5  # the target sits this many mean deviations of the readings lower ...
+    power_noise_floor_frac: float = 0.02  # ... beyond this share of the budget
     power_learn_rate: float = 0.2
     power_k_p: float = 0.1  # extra load cut per unit of load-equivalent overshoot (pays the energy back)
     power_k_i: float = 0.05  # per load-second of error
