@@ -150,6 +150,18 @@ class Settings(BaseSettings):
         "re-read as it changes: `echo 60 > FILE` heats the box up at run time (demos, balancer tests)."
     )
     sysfs_root: Path = Field(Path("/sys"), description="Root of the sysfs tree to read.")
+    power_budget_w: float | None = Field(
+        None, gt=0, le=10_000, description="Power budget in watts the scheduler holds (beats the nvpmodel "
+        "mode's and the profile's; None: those, if any)."
+    )
+    battery_power_budget_w: float | None = Field(
+        None, gt=0, le=10_000, description="Power budget in watts while on battery (beats the profile's; "
+        "None: the profile's battery_power_budget_w, if any)."
+    )
+    battery_reserve_pct: float = Field(
+        20.0, ge=0, le=100, description="On battery below this charge, background work waits; "
+        "interactive work keeps running."
+    )
     procfs_root: Path = Field(Path("/proc"), description="Root of the procfs tree to read.")
 
     @classmethod
@@ -233,6 +245,9 @@ class DeviceProfile:
     max_power_w: float = 15.0
     thermal_resistance_c_per_w: float = 4.0
     thermal_tau_s: float = 60.0
+    # Power budgets held by the scheduler (None: none): on mains, and on battery.
+    power_budget_w: float | None = None
+    battery_power_budget_w: float | None = None
 
 
 def list_profiles(profiles_dir: Path = PROFILES_DIR) -> list[str]:

@@ -131,6 +131,58 @@ class FakeSys:
             self.write(hdir / f"curr{ch}_max", 4000)
         return hdir
 
+    def ina3221_iio(self, device: str, rails: tuple[tuple[str, int, int, int], ...]) -> Path:
+        """JetPack 4 layout (driver ina3221x): (rail name, mV, mA, mW) on channels 0..2."""
+        idir = self.sys / "bus" / "i2c" / "drivers" / "ina3221x" / device / "iio:device0"
+        for ch, (name, mv, ma, mw) in enumerate(rails):
+            self.write(idir / f"rail_name_{ch}", f"{name}\n")
+            self.write(idir / f"in_voltage{ch}_input", mv)
+            self.write(idir / f"in_current{ch}_input", ma)
+            self.write(idir / f"in_power{ch}_input", mw)
+        return idir
+
+    def _next_hwmon(self) -> Path:
+        base = self.sys / "class" / "hwmon"
+        return base / f"hwmon{len(list(base.glob('hwmon*'))) if base.exists() else 0}"
+
+    def hwmon_power(self, name: str, powers_uw: tuple[tuple[str, int], ...]) -> Path:
+        hdir = self._next_hwmon()
+        self.write(hdir / "name", f"{name}\n")
+        for i, (label, uw) in enumerate(powers_uw, start=1):
+            self.write(hdir / f"power{i}_input", uw)
+            self.write(hdir / f"power{i}_label", f"{label}\n")
+        return hdir
+
+    def fan(self, name: str, pwm: int | None, rpm: int | None) -> Path:
+        hdir = self._next_hwmon()
+        self.write(hdir / "name", f"{name}\n")
+        if pwm is not None:
+            self.write(hdir / "pwm1", pwm)
+        if rpm is not None:
+            self.write(hdir / "fan1_input", rpm)
+        return hdir
+
+    def power_supply(self, name: str, kind: str, **files: int | str) -> Path:
+        """/sys/class/power_supply/NAME with `type` and the given files (online, status, capacity, ...)."""
+        sdir = self.sys / "class" / "power_supply" / name
+        self.write(sdir / "type", f"{kind}\n")
+        for key, value in files.items():
+            self.write(sdir / key, value if isinstance(value, int) else f"{value}\n")
+        return sdir
+
+    def rapl(self, index: int, energy_uj: int, max_energy_range_uj: int = 262143328850) -> Path:
+        ddir = self.sys / "class" / "powercap" / f"intel-rapl:{index}"
+        self.write(ddir / "name", f"package-{index}\n")
+        self.write(ddir / "energy_uj", energy_uj)
+        self.write(ddir / "max_energy_range_uj", max_energy_range_uj)
+        sub = self.sys / "class" / "powercap" / f"intel-rapl:{index}:0"  # a sub-domain: not summed
+        self.write(sub / "name", "core\n")
+        self.write(sub / "energy_uj", energy_uj // 2)
+        return ddir
+
+    def etc(self, name: str, text: str) -> Path:
+        return self.write(self.root / "etc" / name, text)
+
     def gpu_devfreq(self, name: str, load_per_mille: int) -> Path:
         ddir = self.sys / "class" / "devfreq" / name
         self.write(ddir / "cur_freq", 624750000)
@@ -252,6 +304,24 @@ def agx_orin(root: Path) -> FakeSys:
     )
     fs.ina3221("1-0041", (("NC", 0, 0), ("VDDQ_VDD2_1V8AO", 5000, 400), ("NC", 0, 0)), hwmon=4)
     fs.gpu_devfreq("17000000.ga10b", 870)
+    return fs
+
+
+def laptop_with_battery(root: Path, *, ac_online: bool = False, capacity: int = 64) -> FakeSys:
+    """An x86 laptop: AC adapter, a battery reporting power_now, RAPL, a wireless mouse's battery."""
+    fs = generic_x86(root)
+    fs.power_supply("AC", "Mains", online=int(ac_online))
+    fs.power_supply("BAT0", "Battery", status="Charging" if ac_online else "Discharging",
+                    capacity=capacity, power_now=11_250_000, voltage_now=11_400_000)
+    fs.power_supply("hidpp_battery_0", "Battery", scope="Device", capacity=5, status="Discharging")
+    fs.rapl(0, 1_000_000_000)
+    return fs
+
+
+def x86_rapl(root: Path) -> FakeSys:
+    """An x86 desktop with RAPL only (no battery, no hwmon power)."""
+    fs = generic_x86(root)
+    fs.rapl(0, 5_000_000)
     return fs
 
 

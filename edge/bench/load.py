@@ -191,6 +191,8 @@ def _status_point(t_s: float, st: dict[str, Any]) -> dict[str, Any]:
     decision = sched.get("decision") if isinstance(sched.get("decision"), dict) else {}
     knobs = st.get("knobs") if isinstance(st.get("knobs"), dict) else {}
     slots = st.get("slots") if isinstance(st.get("slots"), dict) else {}
+    power = sched.get("power") if isinstance(sched.get("power"), dict) else {}
+    engine = st.get("engine") if isinstance(st.get("engine"), dict) else {}
     return {
         "t_s": round(t_s, 3),
         "temp_c": sched.get("temp_c"),
@@ -201,6 +203,13 @@ def _status_point(t_s: float, st: dict[str, Any]) -> dict[str, Any]:
         "knobs": {k: knobs.get(k) for k in ("active_limit", "n_threads", "duty", "off_threads", "paused")},
         "slots_active": slots.get("active"),
         "waiting": slots.get("waiting"),
+        "power_w": power.get("power_w"),
+        "power_budget_w": power.get("budget_w"),
+        "on_battery": power.get("on_battery"),
+        "battery_pct": power.get("battery_pct"),
+        "energy_j": power.get("energy_j"),  # cumulative, while power was known ...
+        "energy_tokens": power.get("energy_tokens"),  # ... and the tokens generated meanwhile
+        "tokens_decoded": engine.get("total_tokens_decoded"),
     }
 
 

@@ -2,6 +2,7 @@
 
 - throughput.png: requests/s and output tokens/s vs concurrency, one line per target, knee marked
 - latency.png:    TTFT, TPOT and end-to-end latency P50/P90/P99 vs concurrency
+- power.png:      power against the budget, and tokens per joule (edge targets with a power reading);
 - thermal.png:    temperature and the scheduler's budget (throttle level) over time, steps shaded;
                   only when the run sampled an edge target's /v1/status
 """
@@ -144,6 +145,51 @@ def thermal(doc: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def has_power(doc: dict[str, Any]) -> bool:
+    return any(p.get("power_w") is not None for pts in doc.get("timeline", {}).values() for p in pts)
+
+
+def tokens_per_joule(pts: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(t_s, tokens per joule) between consecutive samples, from the cumulative energy and tokens."""
+    out = []
+    prev = None
+    for p in pts:
+        e, n = p.get("energy_j"), p.get("energy_tokens")
+        if e is None or n is None:
+            prev = None
+            continue
+        if prev is not None and e > prev[0]:
+            out.append((p["t_s"], (n - prev[1]) / (e - prev[0])))
+        prev = (e, n)
+    return out
+
+
+def power(doc: dict[str, Any], path: Path) -> Path:
+    fig = Figure(figsize=(11, 6), layout="constrained")
+    ax_p, ax_e = fig.subplots(2, 1, sharex=True)
+    for (label, pts), color in zip(doc["timeline"].items(), COLORS, strict=False):
+        ok = [p for p in pts if "error" not in p]
+        ts = [p["t_s"] for p in ok]
+        ax_p.plot(ts, [float("nan") if p.get("power_w") is None else p["power_w"] for p in ok], "-",
+                  color=color, label=f"{label} power")
+        budgets = [float("nan") if p.get("power_budget_w") is None else p["power_budget_w"] for p in ok]
+        if any(b == b for b in budgets):  # not all NaN
+            ax_p.plot(ts, budgets, "--", color=color, alpha=0.7, label=f"{label} budget")
+        tpj = tokens_per_joule(ok)
+        if tpj:
+            ax_e.plot([t for t, _ in tpj], [v for _, v in tpj], "-", color=color, label=f"{label} tokens/J")
+    ax_p.set_ylabel("power (W)")
+    ax_p.set_title("Device power and the budget held (edge /v1/status, 1 Hz)")
+    ax_e.set_ylabel("tokens per joule")
+    ax_e.set_xlabel("time since the run started (s)")
+    for ax in (ax_p, ax_e):
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"Power timeline ({_subtitle(doc)})")
+    return _save(fig, path)
+
+
 def _effective_threads(p: dict[str, Any]) -> float:
     """threads x duty relative to the most threads seen in the point's knobs (a 0-1 level)."""
     k = p.get("knobs") or {}
@@ -172,6 +218,8 @@ def draw_all(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
            "latency": latency(doc, out_dir / "latency.png")}
     if has_timeline(doc):
         out["thermal"] = thermal(_with_max_threads(doc), out_dir / "thermal.png")
+    if has_power(doc):
+        out["power"] = power(doc, out_dir / "power.png")
     return out
 
 

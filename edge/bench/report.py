@@ -136,6 +136,13 @@ def render(doc: dict[str, Any], facts: dict[str, Any], images: dict[str, str], d
                   f"({images['thermal']})", ""]
     else:
         lines += ["No timeline: no target answered edge's /v1/status.", ""]
+    lines += ["## Power", ""]
+    if "power" in images:
+        lines += ["Power read by edge's telemetry against the budget it holds, and tokens per joule "
+                  "between samples.", "", f"![Power and tokens per joule over time]({images['power']})", ""]
+    else:
+        lines += ["No power timeline: no edge target reported a power reading (no power input on the "
+                  "machine, see `edge doctor`).", ""]
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from edge import __version__
 from edge.commands._common import add_settings_args, settings_from_args
+from edge.commands.doctor_power import power_report, render_power
 from edge.config import load_profile
 from edge.errors import ConfigError
 from edge.probe import SystemFacts, probe_system, to_plain
@@ -55,6 +56,7 @@ def report(
     system: Callable[[], str] = _platform.system,
     machine: Callable[[], str] = _platform.machine,
     backends: Callable[[], Any] | None = _probe_backends,
+    runner: Any = None,
     **probe_kw: Any,
 ) -> dict[str, Any]:
     """Everything doctor shows, as a JSON-ready dict with stable keys (`backends` None: not probed)."""
@@ -71,8 +73,16 @@ def report(
         "memory": _memory(facts),
         "thermal": _thermal(facts),
         "telemetry": _telemetry(telemetry, root, sys_root, proc_root, system, machine),
+        "power": _power(root, sys_root, runner),
         "errors": errors,
     }
+
+
+def _power(root: Path, sys_root: Path, runner: Any) -> dict[str, Any]:
+    try:
+        return power_report(root, sys_root) if runner is None else power_report(root, sys_root, runner)
+    except Exception as exc:  # a doctor reports, it does not die
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _profile(facts: SystemFacts, errors: list[str]) -> dict[str, Any]:
@@ -269,6 +279,10 @@ def render(r: dict[str, Any]) -> str:
         )
         seen = set(r["errors"])
         lines.extend(f"  ! {e}" for e in s["errors"] if e not in seen)  # the rest is under problems
+    if "inputs_present" in r.get("power", {}):
+        lines.extend(render_power(r["power"]))
+    elif r.get("power"):
+        add(f"power      unknown ({r['power'].get('error')})")
     if r["errors"]:
         add("problems")
         lines.extend(f"  ! {e}" for e in r["errors"])

@@ -32,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--calibration", default=None,
                    help="measured throughput (configs/throughput NAME or JSON path) for the thermal ladder")
+    p.add_argument("--power-budget", type=float, default=None, metavar="W", dest="power_budget_w",
+                   help="power budget in watts the scheduler holds (beats the nvpmodel mode's and profile's)")
+    p.add_argument("--battery-power-budget", type=float, default=None, metavar="W",
+                   dest="battery_power_budget_w", help="power budget in watts on battery (beats the profile)")
+    p.add_argument("--battery-reserve", type=float, default=None, metavar="PCT", dest="battery_reserve_pct",
+                   help="on battery below this charge, background work waits (default 20)")
     p.add_argument("--sysfs-root", type=Path, default=None, help="sysfs root to read (tests, containers)")
     p.add_argument("--procfs-root", type=Path, default=None, help="procfs root to read")
     p.add_argument("--api-key-file", type=Path, default=None, help="file holding the bearer API key")
@@ -77,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
         profile=args.profile,
         telemetry=args.telemetry,
         calibration=args.calibration,
+        power_budget_w=args.power_budget_w,
+        battery_reserve_pct=args.battery_reserve_pct,
+        battery_power_budget_w=args.battery_power_budget_w,
         sysfs_root=args.sysfs_root,
         procfs_root=args.procfs_root,
         api_key_file=args.api_key_file,

@@ -1,8 +1,11 @@
 """`edge sim`: compare thermal/memory policies on the simulated device, in simulated time.
 
 Deterministic (seeded), so two runs print the same table. `--sweep` also finds,
-per scenario, the best constant setting that never throttles and reports the
-tokens `edge` delivers as a fraction of it.
+per scenario, the best constant setting that never throttles (and, under a power
+budget, keeps every 10 s average within budget + 5 %) and reports the tokens
+`edge` delivers as a fraction of it. Power scenarios (power-7w, unplugged,
+supply-sag) and sensor faults (rail-stuck, noisy-lag, fan-stuck) report energy,
+tokens per joule and the worst 10 s average power against the budget.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 from edge.sim.harness import POLICIES, PROFILES, SCENARIOS, run_scenario, sweep
 from edge.sim.throughput import DEFAULT_CALIBRATION, load_throughput
 
+POWER_KEYS = ("avg_power_w", "energy_j", "tokens_per_j", "worst_window_ratio", "worst_transition_ratio",
+              "windows_over_budget", "max_10s_avg_power_w", "supply_over_s", "battery_end_pct")
 JSON_KEYS = ("scenario", "policy", "tokens", "max_temp_c", "seconds_above_limit_minus_3",
              "seconds_hw_throttled", "p50_token_latency_s", "p99_token_latency_s",
              "interactive_p99_ttft_s", "oom_events")
@@ -56,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             row = {k: m.as_dict()[k] for k in JSON_KEYS}
             row.update(profile=profile, seed=seed, lost_without_error=m.lost_without_error,
                        shed_with_error=m.shed_with_error, rejected_with_error=m.rejected_with_error)
+            row.update({k: m.extra[k] for k in POWER_KEYS if k in m.extra})
             if "unloaded_interactive_p99_ttft_s" in m.extra:
                 row["unloaded_interactive_p99_ttft_s"] = m.extra["unloaded_interactive_p99_ttft_s"]
             by_policy[pol] = row
@@ -96,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     for line in table:
         print("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)))
     for r in rows:
+        if r["policy"] == "edge" and "worst_window_ratio" in r:
+            print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): power avg {_fmt(r['avg_power_w'])} W, "
+                  f"worst 10 s window {_fmt(r['worst_window_ratio'])} x budget (across a budget step "
+                  f"{_fmt(r['worst_transition_ratio'])}), {_fmt(r['tokens_per_j'])} tokens/J")
         if r["policy"] == "edge" and "unloaded_interactive_p99_ttft_s" in r:
             print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): edge interactive p99 TTFT "
                   f"{_fmt(r['interactive_p99_ttft_s'])} s vs unloaded "
@@ -104,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): no constant setting runs without "
                   f"throttling or an OOM kill; edge {r['tokens']} tokens, {r['oom_events']} OOM")
         elif r["policy"] == "edge" and "best_constant_tokens" in r:
-            print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): best never-throttling constant "
+            within = " within the power budget" if "worst_window_ratio" in r else ""
+            print(f"{r['profile']} {r['scenario']} (seed {r['seed']}): best never-throttling "
+                  f"constant{within} "
                   f"{r['best_constant']} -> {r['best_constant_tokens']} tokens; edge {r['tokens']} "
                   f"({_fmt(r.get('edge_fraction_of_best_constant'))}); best constant staying 3 C below "
                   f"the limit {r.get('best_strict_constant')} -> {r.get('best_strict_constant_tokens')} "

@@ -25,6 +25,23 @@ def default_url(args: argparse.Namespace) -> tuple[str, str | None]:
     return url, settings.resolved_api_key()
 
 
+def power_line(p: dict[str, Any]) -> str:
+    """`power     7.02 W of 7 W budget (setting, limiting); on battery 41%; 0.41 J/token`."""
+    watts = "unknown" if p.get("power_w") is None else f"{p['power_w']:.2f} W"
+    if p.get("power_stale"):
+        watts += " (stale)"
+    budget = ("no budget" if p.get("budget_w") is None
+              else f"of {p['budget_w']:g} W budget ({p.get('budget_origin')}, {p.get('control')})")
+    parts = [f"power     {watts} {budget}"]
+    if p.get("on_battery") is not None:
+        pct = "" if p.get("battery_pct") is None else f" {p['battery_pct']:.0f}%"
+        parts.append(("on battery" if p["on_battery"] else "on mains") + pct
+                     + (", under the reserve: background waits" if p.get("battery_low") else ""))
+    if p.get("joules_per_token") is not None:
+        parts.append(f"{p['joules_per_token']:.3f} J/token")
+    return "; ".join(parts)
+
+
 def summarize(s: dict[str, Any]) -> str:
     eng, slots, srv = s.get("engine") or {}, s.get("slots") or {}, s.get("server") or {}
     lines = [
@@ -55,6 +72,7 @@ def summarize(s: dict[str, Any]) -> str:
             taken = "unknown (no CPU accounting readable yet)"
         cap = sched.get("threads_cap")
         lines.append(f"cpu       {taken}; decode threads {'capped at ' + str(cap) if cap else 'not capped'}")
+        lines.append(power_line(sched.get("power") or {}))
     bal = s.get("balancer")
     if bal:
         lines.append(balancer_line(bal))

@@ -5,7 +5,8 @@ Each stage is pure and takes and returns small frozen records:
 
     frame ─► thermal_verdict (thermal.py) ─┐
     memory_verdict (memory.py) ────────────┤
-    threads_for_contention (contention.py) ┼─► shape_knobs ─► admission_flags ─► Decision, ControllerState
+    power_verdict (power.py) ──────────────┤  (the lower of the thermal and power loads wins)
+    threads_for_contention (contention.py) ┼─► shape_knobs ─► battery_hold ─► admission_flags ─► Decision
     queue, engine stats ───────────────────┘
 The control law (docs/thermal.md, after Linux's power_allocator governor and
 Android's thermal headroom forecast):
@@ -72,12 +73,14 @@ from edge.runtime.types import EngineStats, Knobs
 from edge.scheduler.contention import ThreadsVerdict, threads_for_contention
 from edge.scheduler.memory import MemoryVerdict, memory_verdict
 from edge.scheduler.policy import interactive_first
+from edge.scheduler.power import Demand, PowerVerdict, power_verdict
 from edge.scheduler.state import (
     ControlInput,
     ControllerConfig,
     ControllerState,
     Decision,
     MemoryMode,
+    PowerControl,
     QueueState,
     ThermalMode,
 )
@@ -115,7 +118,8 @@ class Admit:
 
 
 def shape_knobs(th: Thermal, mem: MemoryVerdict, threads: ThreadsVerdict, queue: QueueState,
-                stats: EngineStats | None, fr: Frame, cfg: ControllerConfig) -> Shaped:
+                stats: EngineStats | None, fr: Frame, cfg: ControllerConfig,
+                power_cap: float | None = None) -> Shaped:
     """Interactive first: park background while a chat waits for its first token; hold background
     to the level's efficient batch; background alone is the workload; nothing new under memory
     pressure; no more decode threads than free cores."""
@@ -129,8 +133,12 @@ def shape_knobs(th: Thermal, mem: MemoryVerdict, threads: ThreadsVerdict, queue:
             and n_background > 0):
         # time to first token is what a user waits on: until it comes, interactive work runs
         # alone; once it streams, it shares the batch with background work (below)
-        headroom = th.forecast_c is not None and th.forecast_c < fr.t_set_c + cfg.interactive_band_c
-        knobs = interactive_first(level, n_interactive, cfg.n_slots, cfg.max_threads, cfg.min_duty,
+        # while power binds: no boost (a budget in watts has no heat capacity to borrow), and the
+        # chat alone gets what the budget allows, not what the level would draw with every slot busy
+        headroom = (power_cap is None and th.forecast_c is not None
+                    and th.forecast_c < fr.t_set_c + cfg.interactive_band_c)
+        budget_level = level if power_cap is None else replace(level, load=min(level.load, power_cap))
+        knobs = interactive_first(budget_level, n_interactive, cfg.n_slots, cfg.max_threads, cfg.min_duty,
                                   headroom, rates_for(cfg))
         reason, tags = "interactive first, background parked", ("limiting:background_parked",)
     elif n_background > 0 and not knobs.paused and level.batch > 0:
@@ -149,6 +157,26 @@ def shape_knobs(th: Thermal, mem: MemoryVerdict, threads: ThreadsVerdict, queue:
     if threads.reason:
         reason = f"{reason}; {threads.reason}" if reason else threads.reason
     return Shaped(knobs, reason, tags)
+
+
+def combine_power(th: Thermal, pv: PowerVerdict, fr: Frame) -> Thermal:
+    """The binding one of heat and power wins: the higher ladder index (the lower load)."""
+    if pv.level <= th.level:
+        return th
+    mode = ThermalMode.LIMITING if th.mode is ThermalMode.NOMINAL else th.mode
+    budget = min(th.budget, pv.cap_load if pv.cap_load is not None else th.budget)
+    tag = "limiting:power_fail_closed" if pv.control is PowerControl.FAIL_CLOSED else "limiting:power"
+    return replace(th, mode=mode, level=pv.level, budget=budget, reason=f"{th.reason}; {pv.reason}",
+                   tags=(*th.tags, tag))
+
+
+def battery_hold(knobs: Knobs, queue: QueueState) -> Knobs:
+    """On battery under the reserve: background work waits (parked, KV kept), interactive runs."""
+    n_interactive = queue.running_interactive + queue.waiting_interactive
+    if n_interactive > 0:
+        return replace(knobs, active_limit=max(1, min(knobs.active_limit, n_interactive)),
+                       admit_background=False)
+    return replace(knobs, paused=True, admit_background=False)
 
 
 def admission_flags(th: Thermal, mem: MemoryVerdict, knobs: Knobs, inp: ControlInput, fr: Frame,
@@ -177,10 +205,22 @@ def decide(
     """One control decision; pure, deterministic, replayable."""
     inp = reading if isinstance(reading, ControlInput) else ControlInput.from_reading(reading)
     fr = frame(inp, stats, state, cfg)
-    th = thermal_verdict(inp, state, cfg, fr)
+    th_heat = thermal_verdict(inp, state, cfg, fr)
+    demand = Demand(queue.running_interactive + queue.waiting_interactive,
+                    queue.running_background + queue.waiting_background)
+    pv = power_verdict(inp, state, cfg, fr.ladder, fr.applied, fr.dt_s, demand)
+    th = combine_power(th_heat, pv, fr)
     mem = memory_verdict(inp, state, cfg)
     threads = threads_for_contention(inp, state, cfg)
-    shaped = shape_knobs(th, mem, threads, queue, stats, fr, cfg)
+    power_binds = th.level > th_heat.level
+    shaped = shape_knobs(th, mem, threads, queue, stats, fr, cfg,
+                         power_cap=pv.cap_load if power_binds else None)
+    if pv.battery_low:
+        shaped = replace(shaped, knobs=battery_hold(shaped.knobs, queue),
+                         reason=f"{shaped.reason}; " if shaped.reason else "",
+                         tags=(*shaped.tags, "battery:reserve"))
+        shaped = replace(shaped, reason=f"{shaped.reason}battery {pv.battery_pct:.0f}% under the "
+                         f"{cfg.battery_reserve_pct:.0f}% reserve: background waits")
     admit = admission_flags(th, mem, shaped.knobs, inp, fr, cfg)
 
     reason, tags = th.reason, list(th.tags)
@@ -197,8 +237,8 @@ def decide(
     new_state = ControllerState(
         mode=th.mode,
         memory=mem.mode,
-        level=th.level,
-        last_change_s=now if th.level != state.level else state.last_change_s,
+        level=th_heat.level,  # the thermal stage's own level: a power cap is not a thermal one
+        last_change_s=now if th_heat.level != state.level else state.last_change_s,
         last_t_s=now,
         integral_c_s=th.integral_c_s,
         u_sus=min(1.0, max(0.05, th.u_sus)),
@@ -209,6 +249,11 @@ def decide(
         learned_s=th.learned_s,
         threads_cap=threads.cap,
         threads_pending_s=threads.pending_s,
+        power_level=pv.level,
+        power_change_s=now if pv.level != state.power_level else state.power_change_s,
+        power_integral=pv.integral,
+        power_w_per_load=pv.w_per_load,
+        power_idle_w=pv.idle_w,
     )
     decision = Decision(
         knobs=shaped.knobs,
@@ -230,5 +275,7 @@ def decide(
         throttle_reasons=tuple(tags),
         threads_cap=threads.cap,
         cpu_other_cores=inp.cpu_other_cores,
+        power=replace(pv.status(), control=PowerControl.HOLDING)
+        if pv.control is PowerControl.LIMITING and pv.level <= th_heat.level else pv.status(),
     )
     return decision, new_state

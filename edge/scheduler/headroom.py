@@ -22,6 +22,7 @@ from edge.scheduler.state import (
     LimitHeadroom,
     LimitKind,
     MemoryMode,
+    PowerControl,
     ThermalMode,
 )
 
@@ -58,9 +59,26 @@ def memory_headroom(d: Decision) -> LimitHeadroom:
     return LimitHeadroom(LimitKind.MEMORY, 0.0, True, f"memory {d.memory.value}: {d.reason}")
 
 
+POWER_OVER_FRAC = 1.05  # drawing this far over the budget refuses new work (/ready 503)
+
+
+def power_headroom(d: Decision) -> LimitHeadroom | None:
+    """Power, while a budget is in force: the budget's unused share (0 while failing closed on a
+    missing reading); a box drawing more than 5 % over its budget takes no new work."""
+    p = d.power
+    if p.control is PowerControl.OFF:
+        return None
+    h = p.headroom_frac
+    over = p.budget_w is not None and p.power_w is not None and p.power_w > POWER_OVER_FRAC * p.budget_w
+    watts = "unknown" if p.power_w is None else f"{p.power_w:.1f} W"
+    return LimitHeadroom(LimitKind.POWER, 0.0 if h is None else h, over,
+                         f"power {p.control.value}: {watts} of {p.budget_w} W ({p.origin.value})")
+
+
 def limits_of(d: Decision, cfg: ControllerConfig) -> tuple[LimitHeadroom, ...]:
-    """Every limit of one decision: heat, memory, then the controller's own (a power budget)."""
-    return (thermal_headroom(d, cfg), memory_headroom(d), *d.limits)
+    """Every limit of one decision: heat, memory, the power budget, then any other the controller adds."""
+    power = power_headroom(d)
+    return (thermal_headroom(d, cfg), memory_headroom(d), *(() if power is None else (power,)), *d.limits)
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,10 @@ class SchedulerLoop:
         self.errors = 0
         self.evictions = 0  # unloads forced by a memory emergency (keep-alive is the engine's own)
         self._warned_unavailable = False
+        # energy while power was known, and the tokens generated over the same time: joules per token
+        self.energy_j = 0.0
+        self.energy_tokens = 0
+        self._power_prev: tuple[float, float, int] | None = None  # (t_s, power_w, total tokens)
         if wait is None:
             wait = (lambda ev, t: ev.wait(t)) if isinstance(self.clock, SystemClock) else (
                 lambda ev, t: self.clock.sleep(t))
@@ -176,9 +180,21 @@ class SchedulerLoop:
                             decision.reason)
         if decision.unload:
             self._unload(decision)
+        self._account_energy(now_s, inp, stats)
         self.decision, self.reading = decision, inp
         self.ticks += 1
         return decision
+
+    def _account_energy(self, now_s: float, inp: ControlInput, stats: EngineStats | None) -> None:
+        """Integrate power over the time it was known (left rectangle); count the tokens alongside."""
+        if inp.power_w is None or inp.power_stale or stats is None:
+            self._power_prev = None
+            return
+        prev = self._power_prev
+        if prev is not None and now_s > prev[0]:
+            self.energy_j += prev[1] * (now_s - prev[0])
+            self.energy_tokens += max(0, stats.total_tokens_decoded - prev[2])
+        self._power_prev = (now_s, inp.power_w, stats.total_tokens_decoded)
 
     def _unload(self, decision: Decision) -> None:
         """Free the model under a memory emergency; the engine reloads on the next request.
@@ -242,6 +258,28 @@ class SchedulerLoop:
             "errors": self.errors,
             "evictions": self.evictions,
             "sim_device": self._sim_status(),
+            "power": self._power_status(r, d),
+        }
+
+    def _power_status(self, r: ControlInput | None, d: Decision | None) -> dict[str, Any]:
+        """Watts, budget, battery and energy per token; None fields are unknown."""
+        p = d.power if d is not None else None
+        tokens, energy = self.energy_tokens, self.energy_j
+        return {
+            "power_w": None if r is None or r.power_w is None else round(r.power_w, 3),
+            "power_stale": None if r is None else r.power_stale,
+            "budget_w": None if p is None else p.budget_w,
+            "budget_origin": None if p is None else p.origin.value,
+            "control": None if p is None else p.control.value,
+            "headroom_w": None if p is None or p.headroom_w is None else round(p.headroom_w, 3),
+            "headroom_frac": None if p is None or p.headroom_frac is None else round(p.headroom_frac, 3),
+            "on_battery": None if r is None else r.on_battery,
+            "battery_pct": None if r is None else r.battery_pct,
+            "battery_low": None if p is None else p.battery_low,
+            "energy_j": round(energy, 2),
+            "energy_tokens": tokens,
+            "joules_per_token": round(energy / tokens, 4) if tokens > 0 else None,
+            "tokens_per_joule": round(tokens / energy, 4) if energy > 0 else None,
         }
 
     def _contention(self, r: ControlInput | None) -> dict[str, Any]:

@@ -35,6 +35,63 @@ class ThermalMode(str, Enum):
     UNAVAILABLE = "unavailable"  # no thermal sensor at all on this machine: thermal control off
 
 
+class PowerControl(str, Enum):
+    OFF = "off"  # no budget in force
+    HOLDING = "holding"  # a budget is held; heat or demand binds, not power
+    LIMITING = "limiting"  # power is the binding constraint
+    FAIL_CLOSED = "fail_closed"  # budget set, power unknown/stale/stuck: conservative cap
+
+
+class BudgetOrigin(str, Enum):
+    NONE = "none"
+    SETTING = "setting"  # --power-budget / EDGE_POWER_BUDGET_W
+    POWER_MODE = "power_mode"  # the nvpmodel mode's
+    PROFILE = "profile"  # profile power_budget_w
+    BATTERY = "battery"  # profile battery_power_budget_w, on battery
+    SUPPLY = "supply"  # the supply reports less than the budget
+
+
+@dataclass(frozen=True)
+class PowerStatus:
+    """The power side of a decision, typed for the API and for load balancers (an HAProxy agent
+    check weight can be read from `headroom_frac`)."""
+
+    control: PowerControl = PowerControl.OFF
+    budget_w: float | None = None
+    origin: BudgetOrigin = BudgetOrigin.NONE
+    power_w: float | None = None  # what the decision was taken on (None: unknown)
+    cap_load: float | None = None  # estimated load the budget allows (None: no cap)
+    on_battery: bool | None = None
+    battery_pct: float | None = None
+    battery_low: bool = False  # on battery under the reserve: background waits
+
+    @property
+    def headroom_w(self) -> float | None:
+        if self.budget_w is None or self.power_w is None or self.control is PowerControl.FAIL_CLOSED:
+            return None
+        return self.budget_w - self.power_w
+
+    @property
+    def headroom_frac(self) -> float | None:
+        """(budget - power) / budget in [0, 1]; 1.0 without a budget; 0.0 while failing closed."""
+        if self.control is PowerControl.OFF:
+            return 1.0
+        if self.control is PowerControl.FAIL_CLOSED or self.budget_w is None or self.budget_w <= 0:
+            return 0.0
+        h = self.headroom_w
+        return None if h is None else min(1.0, max(0.0, h / self.budget_w))
+
+    def as_dict(self) -> dict[str, Any]:
+        def r(v: float | None, n: int = 2) -> float | None:
+            return None if v is None else round(v, n)
+
+        return {"control": self.control.value, "budget_w": self.budget_w, "origin": self.origin.value,
+                "power_w": r(self.power_w), "headroom_w": r(self.headroom_w),
+                "headroom_frac": r(self.headroom_frac, 3), "cap_load": r(self.cap_load, 3),
+                "on_battery": self.on_battery, "battery_pct": self.battery_pct,
+                "battery_low": self.battery_low}
+
+
 class MemoryMode(str, Enum):
     OK = "ok"
     TIGHT = "tight"  # PSI some or low MemAvailable: admit nothing new
@@ -65,18 +122,28 @@ class ControlInput:
     cpu_steal_cores: float | None = None  # (shown in the status only)
     cpu_throttled_pct: float | None = None
     psi_cpu_some_avg10: float | None = None
+    # power (scheduler/power.py)
+    power_w: float | None = None  # smoothed by the monitor
+    power_stale: bool = False  # the power reading is old or stuck (a rail that stopped updating)
+    power_noise_w: float | None = None  # how much single readings scatter (the target keeps clear of it)
+    on_battery: bool | None = None
+    battery_pct: float | None = None
+    power_mode_budget_w: float | None = None  # nvpmodel mode's budget
+    supply_limit_w: float | None = None  # what the supply can deliver now
 
     @classmethod
     def from_reading(cls, reading: MonitorReading | Sample) -> ControlInput:
         """A telemetry.monitor MonitorReading (smoothing, slopes, limit, staleness are the
         monitor's), or a bare Sample read as it is (tests, tools)."""
         if isinstance(reading, Sample):
-            return cls._build(reading.t_s, reading, temp_c=reading.temp_c, limit_c=reading.limit_c)
+            return cls._build(reading.t_s, reading, temp_c=reading.temp_c, limit_c=reading.limit_c,
+                              power_w=reading.power_w)
         return cls._build(
             reading.t_s, reading.sample, temp_c=reading.temp_c, slope_c_per_s=reading.slope_c_per_s,
             raw_temp_c=reading.raw_temp_c, fast_slope_c_per_s=reading.fast_slope_c_per_s,
             limit_c=reading.limit_c, stale=reading.stale,
-            thermal_sensor_absent=reading.thermal_sensing is ThermalSensing.ABSENT)
+            thermal_sensor_absent=reading.thermal_sensing is ThermalSensing.ABSENT,
+            power_w=reading.power_w, power_stale=reading.power_stale, power_noise_w=reading.power_noise_w)
 
     @classmethod
     def _build(cls, t_s: float, s: Sample | None, **monitor: Any) -> ControlInput:
@@ -87,7 +154,9 @@ class ControlInput:
             mem_available_bytes=s.mem_available_bytes, psi_some_avg10=s.psi_some_avg10,
             psi_full_avg10=s.psi_full_avg10, memory_pressure=s.memory_pressure, cpu_cores=s.cpu_cores,
             cpu_other_cores=s.cpu_other_cores, cpu_steal_cores=s.cpu_steal_cores,
-            cpu_throttled_pct=s.cpu_throttled_pct, psi_cpu_some_avg10=s.psi_cpu_some_avg10, **monitor)
+            cpu_throttled_pct=s.cpu_throttled_pct, psi_cpu_some_avg10=s.psi_cpu_some_avg10,
+            on_battery=s.on_battery, battery_pct=s.battery_pct, power_mode_budget_w=s.power_mode_budget_w,
+            supply_limit_w=s.supply_limit_w, **monitor)
 
 
 @dataclass(frozen=True)
@@ -156,6 +225,22 @@ class ControllerConfig:
     # CPU contention: decode threads = cores actually free (other processes' use rounded, at least 1)
     contention_down_s: float = 2.0  # fewer threads once a neighbour has taken a core this long ...
     contention_up_s: float = 5.0  # ... and back up once the cores have been free this long
+    # power (scheduler/power.py); budgets in watts, None: none
+    power_budget_w: float | None = None  # --power-budget: beats every other budget
+    profile_power_budget_w: float | None = None  # the profile's, on mains
+    battery_power_budget_w: float | None = None  # the profile's, on battery
+    battery_reserve_pct: float = 20.0  # on battery below this charge, background work waits
+    idle_power_w: float = 5.0  # priors of the power model (the profile's), learned from readings
+    max_power_w: float = 15.0
+    power_target_frac: float = 1.0  # aim at this share of the budget (the 10 s windows may show +5 %)
+    power_noise_margin: float = 0.5  # the target sits this many mean deviations of the readings lower ...
+    power_noise_floor_frac: float = 0.02  # ... beyond this share of the budget
+    power_learn_rate: float = 0.2
+    power_k_p: float = 0.1  # extra load cut per unit of load-equivalent overshoot (pays the energy back)
+    power_k_i: float = 0.05  # per load-second of error
+    power_integral_max: float = 2.0  # anti-windup clamp (load-seconds) over budget ...
+    power_integral_credit: float = 0.5  # ... and under it: a small credit, a surge of demand spends it
+    power_up_interval_s: float = 3.0  # at most one step up this often
 
     @property
     def k_pu(self) -> float:
@@ -176,6 +261,9 @@ def config_for_device(
     reserve_bytes: int | None = None,
     footprint_bytes: int = 0,
     decode_tps: tuple[tuple[int, int, float], ...] = (),
+    power_budget_w: float | None = None,
+    battery_reserve_pct: float | None = None,
+    battery_power_budget_w: float | None = None,
 ) -> ControllerConfig:
     """Production gains with this device's facts: `edge serve` and `edge sim` both build it here,
     so the simulator checks the controller that ships. `reserve_bytes` overrides the profile's."""
@@ -184,6 +272,15 @@ def config_for_device(
     if profile is not None:
         facts["limit_c"] = profile.thermal_limit_c
         facts["reserve_bytes"] = profile.memory_reserve_bytes
+        facts.update(profile_power_budget_w=profile.power_budget_w,
+                     battery_power_budget_w=profile.battery_power_budget_w,
+                     idle_power_w=profile.idle_power_w, max_power_w=profile.max_power_w)
+    if power_budget_w is not None:
+        facts["power_budget_w"] = power_budget_w
+    if battery_reserve_pct is not None:
+        facts["battery_reserve_pct"] = battery_reserve_pct
+    if battery_power_budget_w is not None:
+        facts["battery_power_budget_w"] = battery_power_budget_w
     if reserve_bytes is not None:
         facts["reserve_bytes"] = reserve_bytes
     return ControllerConfig(**facts)
@@ -195,7 +292,7 @@ class ControllerState:
 
     mode: ThermalMode = ThermalMode.NOMINAL
     memory: MemoryMode = MemoryMode.OK
-    level: int = 0  # index into the actuator ladder; 0 is full speed
+    level: int = 0  # the thermal stage's index into the actuator ladder; 0 is full speed
     last_change_s: float | None = None
     last_t_s: float | None = None
     integral_c_s: float = 0.0
@@ -207,6 +304,11 @@ class ControllerState:
     evicted: bool = False  # memory emergency: all work shed, model unloaded until memory is back
     threads_cap: int | None = None  # decode threads the CPU contention allows (None: no cap)
     threads_pending_s: float | None = None  # since when contention has called for another cap
+    power_level: int = 0  # ladder index the power budget allowed last time
+    power_change_s: float | None = None  # when it last changed (steps up are rate-limited)
+    power_integral: float = 0.0  # load-seconds
+    power_w_per_load: float | None = None  # learned watts per unit of estimated load (None: prior)
+    power_idle_w: float | None = None  # learned idle watts (None: the profile's)
 
 
 class LimitKind(str, Enum):
@@ -257,6 +359,7 @@ class Decision:
     cpu_other_cores: float | None = None  # what the cap was decided on (None: unknown)
     # limits besides heat and memory (e.g. a power budget): /ready and the balancer's agent read them
     limits: tuple[LimitHeadroom, ...] = ()
+    power: PowerStatus = field(default_factory=PowerStatus)
 
     def as_dict(self) -> dict[str, Any]:
         k = self.knobs
@@ -278,6 +381,7 @@ class Decision:
             "threads_cap": self.threads_cap,
             "cpu_other_cores": self.cpu_other_cores,
             "background_retry_s": round(self.background_retry_s, 1),
+            "power": self.power.as_dict(),
             "knobs": {
                 "active_limit": k.active_limit,
                 "n_threads": k.n_threads,

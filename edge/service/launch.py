@@ -158,8 +158,11 @@ def build_scheduler(
     throughput = _calibration(settings, sim)
     config = config_for_device(
         engine.n_slots, knobs.n_threads, profile, reserve_bytes=settings.memory_reserve_bytes,
-        footprint_bytes=footprint,
-        decode_tps=throughput.decode_table(engine.n_slots, knobs.n_threads) if throughput is not None else ())
+        footprint_bytes=footprint, power_budget_w=settings.power_budget_w,
+        battery_reserve_pct=settings.battery_reserve_pct,
+        battery_power_budget_w=settings.battery_power_budget_w,
+        decode_tps=throughput.decode_table(engine.n_slots, knobs.n_threads) if throughput is not None
+        else ())
     monitor = Monitor(source, clock=clock, profile=profile)
     # admission keeps wall time (Retry-After is for clients); the scheduler compares only its own
     # clock's times (`clock`, compressed under sim:PROFILE@SCALE)

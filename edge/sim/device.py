@@ -16,6 +16,9 @@ physics is deliberately simple and documented so results can be checked by hand:
   (tokens slow down and power falls); it recovers below trip - hysteresis.
 * memory: total - OS base - engine - hog; PSI avg10 values are 10 s exponential
   averages of a pressure that rises as available memory nears the low watermark.
+* power supply: `supply_limit_w` is what the supply can deliver (a sagging or renegotiated
+  one reports less); drawing more counts `supply_over_s`. On battery (`battery_wh` set,
+  `on_battery` True) the charge drains by the power drawn.
 * a neighbour process: `neighbour_cores` busy cores of another program. It adds
   its share of the cores to the utilisation (heat) and is what the CPU
   contention telemetry reports (`cpu_other_cores`, out of `cores`).
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -101,6 +105,12 @@ class SimulatedDevice:
         self.psi_full_avg10 = 0.0
         self.cores = self.throughput.max_threads  # the modelled box has as many cores as decode threads
         self.neighbour_cores = 0.0  # CPU another busy process takes, in cores
+        self.supply_limit_w: float | None = None  # None: the supply is not a limit (or not reported)
+        self.supply_over_s = 0.0  # device seconds drawing more than the supply can give
+        self.battery_wh: float | None = None  # None: no battery
+        self.battery_pct: float | None = None
+        self.on_battery = False
+        self.energy_j = 0.0  # energy drawn so far
 
     # --- inputs ---------------------------------------------------------
     def set_load(self, active: int, threads: int, duty: float = 1.0, off_threads: int = 0) -> None:
@@ -140,6 +150,11 @@ class SimulatedDevice:
         return p.idle_power_w + (p.max_power_w - p.idle_power_w) * self.utilisation * self.clock_factor**1.5
 
     @property
+    def fan_rpm(self) -> int:
+        """What a tachometer shows: the fan slows as sink->ambient resistance rises (a failing fan)."""
+        return round(3000 / max(1.0, self.resistance_factor))
+
+    @property
     def resistance_c_per_w(self) -> float:
         r = self.profile.thermal_resistance_c_per_w
         return r * DIE_R_FRACTION + r * (1 - DIE_R_FRACTION) * self.resistance_factor
@@ -167,8 +182,16 @@ class SimulatedDevice:
             self._step_memory(h)
             remaining -= h
 
+    def _step_power(self, h: float, p_w: float) -> None:
+        self.energy_j += p_w * h
+        if self.supply_limit_w is not None and p_w > self.supply_limit_w:
+            self.supply_over_s += h
+        if self.on_battery and self.battery_wh and self.battery_pct is not None:
+            self.battery_pct = max(0.0, self.battery_pct - 100.0 * p_w * h / 3600.0 / self.battery_wh)
+
     def _step_thermal(self, h: float) -> None:
         p_w = self.power_w
+        self._step_power(h, p_w)
         r = self.profile.thermal_resistance_c_per_w
         tau = self.profile.thermal_tau_s
         if self.order == 1:
@@ -242,6 +265,10 @@ class SimulatedDevice:
             kernel_throttling=self.hw_throttled or self.shut_down,
             thermal_pressure=None,
             power_w=round(self.power_w, 3),
+            power_source="sim",
+            on_battery=self.on_battery if self.battery_wh is not None else None,
+            battery_pct=None if self.battery_pct is None else round(self.battery_pct, 1),
+            supply_limit_w=self.supply_limit_w,
             mem_total_bytes=self.mem_total_bytes,
             mem_available_bytes=max(0, self.mem_available_bytes),
             psi_some_avg10=some,
@@ -288,6 +315,7 @@ class SimulatedSource:
         noise_c: float = 0.0,
         seed: int = 0,
         ambient_file: Path | None = None,
+        power_noise_frac: float = 0.0,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
@@ -298,6 +326,12 @@ class SimulatedSource:
         self.steps_device = steps_device
         self.noise_c = noise_c
         self._noise = random.Random(seed)
+        # sensor faults `edge sim` injects: multiplicative power noise, a reading lag, a frozen rail
+        self.power_noise_frac = power_noise_frac
+        self.lag_s = 0.0
+        self.frozen_power_w: float | None = None
+        self.frozen_fan_rpm: int | None = None
+        self._lagged: deque[Sample] = deque()
         self.name = f"sim:{device.profile.name}"
         self._last_s = self.clock.monotonic()
         self.ambient_file = ambient_file
@@ -348,7 +382,21 @@ class SimulatedSource:
         sample = self.device.sample(now_s, self.name)
         if self.noise_c > 0 and sample.temp_c is not None:
             sample = replace(sample, temp_c=sample.temp_c + self._noise.gauss(0.0, self.noise_c))
-        return sample
+        if self.power_noise_frac > 0 and sample.power_w is not None:
+            noisy = sample.power_w * (1.0 + self._noise.gauss(0.0, self.power_noise_frac))
+            sample = replace(sample, power_w=round(max(0.0, noisy), 3))
+        return self._faults(sample, now_s)
+
+    def _faults(self, sample: Sample, now_s: float) -> Sample:
+        if self.lag_s > 0:  # the reading describes the device `lag_s` ago
+            self._lagged.append(sample)
+            while len(self._lagged) > 1 and self._lagged[1].t_s <= now_s - self.lag_s:
+                self._lagged.popleft()
+            sample = replace(self._lagged[0], t_s=now_s)
+        if self.frozen_power_w is not None:
+            sample = replace(sample, power_w=self.frozen_power_w)
+        fan = self.frozen_fan_rpm if self.frozen_fan_rpm is not None else self.device.fan_rpm
+        return replace(sample, fan_rpm=fan)
 
     def status(self) -> dict[str, float | int | str]:
         """What the simulated device went through, for /v1/status and /metrics (demos, e2e tests)."""

@@ -19,11 +19,21 @@ from typing import Any, Protocol
 
 from edge.clock import Clock
 from edge.telemetry.linux import LinuxSource, plausible_c
+from edge.telemetry.power import TOTAL_RAILS, read_ina3221, total_power_w
+from edge.telemetry.powermode import (
+    PowerMode,
+    Runner,
+    read_fan_profile,
+    read_fans,
+    read_power_mode,
+    run_command,
+)
 from edge.telemetry.readlog import Reader, ReadLog, read_file
 from edge.telemetry.sample import PowerRail, Sample, ThermalZone
 
-# Rails that measure the whole module's input (Orin Nano/NX, Xavier NX, TX2 NX).
-TOTAL_RAILS = ("VDD_IN", "VIN")
+__all__ = ["TOTAL_RAILS", "JetsonSource", "read_ina3221", "total_power_w"]
+JTOP_SOCKET = Path("/run/jtop.sock")  # jtop.service listens here; without it jtop cannot start
+
 # devfreq device names of Tegra GPUs (Orin: ga10b / gpu, Xavier: gv11b, TX2: gp10b).
 _GPU_DEVFREQ = ("gpu", "ga10b", "gv11b", "gp10b", "gm20b")
 
@@ -52,34 +62,6 @@ def default_jtop_factory() -> JtopLike:
     from jtop import jtop  # optional extra: pip install 'edge[jetson]'
 
     return jtop(interval=1.0)  # type: ignore[no-any-return]
-
-
-def read_ina3221(sysfs_root: Path, log: ReadLog) -> list[PowerRail]:
-    """Every labelled INA3221 channel: in{N}_input mV x curr{N}_input mA -> W."""
-    rails: list[PowerRail] = []
-    base = sysfs_root / "bus" / "i2c" / "drivers" / "ina3221"
-    for hdir in sorted(base.glob("*/hwmon/hwmon*")) if base.is_dir() else []:
-        for label_path in sorted(hdir.glob("in*_label")):
-            ch = label_path.name[2 : -len("_label")]
-            label = log.text(label_path, static=True)
-            if not label or label.upper() == "NC":  # "NC": channel not connected
-                continue
-            volts = log.milli(hdir / f"in{ch}_input")
-            amps = log.milli(hdir / f"curr{ch}_input")
-            watts = volts * amps if volts is not None and amps is not None else None
-            rails.append(PowerRail(label, watts, volts, amps))
-    return rails
-
-
-def total_power_w(rails: list[PowerRail]) -> float | None:
-    """The module input rail when there is one; else (AGX Orin, whose monitors sit on
-    the sub-rails) the sum of every measured rail, as jtop reports it."""
-    by_name = {r.name.upper(): r for r in rails}
-    for name in TOTAL_RAILS:
-        if name in by_name:
-            return by_name[name].power_w
-    watts = [r.power_w for r in rails]
-    return sum(w for w in watts if w is not None) if watts and None not in watts else None
 
 
 def read_gpu_load_pct(sysfs_root: Path, log: ReadLog) -> float | None:
@@ -115,8 +97,17 @@ class JetsonSource(LinuxSource):
         jtop_factory: Callable[[], JtopLike] | None = default_jtop_factory,
         jtop_start_timeout_s: float = 5.0,
         jtop_retry_s: float = 60.0,
+        jtop_socket: Path | None = JTOP_SOCKET,
+        runner: Runner = run_command,
+        etc_root: Path = Path("/etc"),
     ) -> None:
         super().__init__(sysfs_root, procfs_root, clock, reader)
+        self.jtop_socket = jtop_socket  # None: do not check for the service's socket (tests)
+        self.runner = runner  # runs `nvpmodel -q`
+        self.etc_root = etc_root
+        self._mode: PowerMode | None = None
+        self._mode_t_s: float | None = None
+        self.fan_profile: str | None = None
         self.jtop_factory = jtop_factory
         self.jtop_start_timeout_s = jtop_start_timeout_s
         self.jtop_retry_s = jtop_retry_s
@@ -137,22 +128,29 @@ class JetsonSource(LinuxSource):
             self._drop_jtop(f"{type(exc).__name__}: {exc}", base.t_s, log)
         if not extra:
             extra = self._from_sysfs(log)
+        extra.update(self._mode_and_fan(log, base.t_s))
         tj = _zone_temp(base.zones, "tj")
         if "temp_c" not in extra and tj is not None:
             extra["temp_c"] = tj  # tj is the hottest junction of the SoC: prefer it
         return dataclasses.replace(base, errors=base.errors + tuple(log.errors), **extra)
 
     def _from_sysfs(self, log: ReadLog) -> dict[str, Any]:
-        rails: list[PowerRail] = []
-        try:
-            rails = read_ina3221(self.sysfs_root, log)
-        except OSError as exc:
-            log.note(f"ina3221: {exc}")
-        return {
-            "rails": tuple(rails),
-            "power_w": total_power_w(rails),
-            "gpu_load_pct": read_gpu_load_pct(self.sysfs_root, log),
-        }
+        """Rails and power come from LinuxSource's power group (INA3221 first); add the GPU load."""
+        return {"gpu_load_pct": read_gpu_load_pct(self.sysfs_root, log)}
+
+    def _mode_and_fan(self, log: ReadLog, now_s: float) -> dict[str, Any]:
+        """nvpmodel mode (re-run every `static_refresh_s`: a mode change is rare) and the fan."""
+        if self._mode_t_s is None or now_s - self._mode_t_s >= self.static_refresh_s:
+            self._mode_t_s = now_s
+            self._mode = read_power_mode(self.runner, self.etc_root / "nvpmodel.conf", log)
+            self.fan_profile = read_fan_profile(self.etc_root, log)
+        fans = read_fans(self.sysfs_root, log)
+        out: dict[str, Any] = {}
+        if self._mode is not None:
+            out.update(power_mode=self._mode.name, power_mode_budget_w=self._mode.budget_w)
+        if fans:
+            out.update(fan_rpm=fans[0].rpm, fan_pwm=fans[0].pwm)
+        return out
 
     # --- jtop ---
 
@@ -192,12 +190,15 @@ class JetsonSource(LinuxSource):
         if self._jtop is None:
             if self._jtop_retry_at_s is not None and now_s < self._jtop_retry_at_s:
                 return {}
+            if self.jtop_socket is not None and not self.jtop_socket.exists():
+                self._drop_jtop(f"jtop.service is not running (no {self.jtop_socket})", now_s, log)
+                return {}
             self._jtop = self._start_jtop()
             self.jtop_error = None
         if not self._jtop.ok():
             self._drop_jtop("jtop.ok() is False (service stopped?)", now_s, log)
             return {}
-        out: dict[str, Any] = {"source": "jtop"}
+        out: dict[str, Any] = {"source": "jtop", "power_source": "jtop"}
         temps = {
             name.lower(): float(v["temp"])
             for name, v in dict(self._jtop.temperature).items()

@@ -30,6 +30,7 @@ from edge.telemetry.linux_memory import (
     read_cgroup_memory,
     read_meminfo,
 )
+from edge.telemetry.power import PowerReader
 from edge.telemetry.readlog import Reader, ReadLog, numbered, read_file
 from edge.telemetry.sample import Sample, ThermalZone
 
@@ -270,6 +271,7 @@ class LinuxSource:
         self._static_t_s: float | None = None
         self._cap_baseline_khz: dict[int, int] = {}
         self.cpu = cpu_reader or LinuxCpuReader(procfs_root, sysfs_root)
+        self.power = PowerReader(sysfs_root)
 
     def new_log(self, now_s: float) -> ReadLog:
         """A ReadLog sharing the static-file cache, emptied every `static_refresh_s`."""
@@ -283,7 +285,7 @@ class LinuxSource:
         log = self.new_log(t_s)
         fields: dict[str, object] = {}
         groups = (("thermal", self._thermal), ("cpufreq", self._throttle), ("memory", self._memory),
-                  ("cpu", lambda lg: self.cpu.read(t_s, lg)))
+                  ("cpu", lambda lg: self.cpu.read(t_s, lg)), ("power", lambda lg: self._power(lg, t_s)))
         for group, fn in groups:
             try:
                 fields.update(fn(log))
@@ -313,6 +315,11 @@ class LinuxSource:
             "limit_c": min(passive) if passive else None,
             "critical_c": min(critical) if critical else None,
         }
+
+    def _power(self, log: ReadLog, t_s: float) -> dict[str, object]:
+        p = self.power.read(log, t_s)
+        return {"power_w": p.power_w, "power_source": p.power_source, "rails": p.rails,
+                "on_battery": p.on_battery, "battery_pct": p.battery_pct}
 
     def _throttle(self, log: ReadLog) -> dict[str, object]:
         active = cooling_active(read_cooling_devices(self.sysfs_root, log))

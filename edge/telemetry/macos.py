@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from edge.clock import Clock, SystemClock
 from edge.telemetry.cpu import PsutilCpuReader
+from edge.telemetry.powermode import MacPower, Runner, read_mac_power, run_command
 from edge.telemetry.sample import PressureLevel, Sample
 
 THERMAL_PRESSURE_KEY = b"com.apple.system.thermalpressurelevel"
@@ -94,8 +95,17 @@ class MacOSSource:
         clock: Clock | None = None,
         virtual_memory: Callable[[], Any] = _psutil_memory,
         cpu: PsutilCpuReader | None = None,
+        runner: Runner = run_command,
+        use_powermetrics: bool = False,
+        power_period_s: float = 10.0,
     ) -> None:
         self._native = native
+        # `pmset -g batt` (and, as root, `powermetrics`) run at most every `power_period_s`
+        self.runner = runner
+        self.use_powermetrics = use_powermetrics
+        self.power_period_s = power_period_s
+        self._power: MacPower | None = None
+        self._power_t_s: float | None = None
         self.cpu = cpu or PsutilCpuReader()
         self.clock = clock or SystemClock()
         self.virtual_memory = virtual_memory
@@ -145,9 +155,18 @@ class MacOSSource:
             cpu = self.cpu.read(t_s)
         except Exception as exc:
             errors.append(f"cpu: {type(exc).__name__}: {exc}")
+        if self._power_t_s is None or t_s - self._power_t_s >= self.power_period_s:
+            self._power_t_s = t_s
+            self._power, notes = read_mac_power(self.runner, self.use_powermetrics)
+            errors.extend(notes)
+        pw = self._power or MacPower(None, None)
         return Sample(
             t_s=t_s,
             source=self.name,
+            on_battery=pw.on_battery,
+            battery_pct=pw.battery_pct,
+            power_w=pw.power_w,
+            power_source="powermetrics" if pw.power_w is not None else None,
             thermal_pressure=thermal,
             memory_pressure=vm,
             mem_total_bytes=total,

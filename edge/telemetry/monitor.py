@@ -89,6 +89,9 @@ class MonitorReading:
     error: str | None = None  # why the last read failed, when it did
     thermal_sensing: ThermalSensing = ThermalSensing.UNKNOWN
     fast_slope_c_per_s: float | None = None  # slope of the raw readings over `fast_slope_window_s`
+    power_w: float | None = None  # EMA-smoothed total power; None when unknown
+    power_stale: bool = False  # the power reading is old, or has not changed for `power_stuck_s`
+    power_noise_w: float | None = None  # mean absolute deviation of the raw readings from the EMA
 
     @property
     def headroom_c(self) -> float | None:
@@ -127,6 +130,9 @@ class Monitor:
         fast_slope_window_s: float = 4.0,
         min_slope_span_s: float = 3.0,
         stale_periods: float = 3.0,
+        power_tau_s: float = 1.0,
+        power_stuck_s: float = 10.0,
+        battery_stuck_s: float = 90.0,
     ) -> None:
         if not 0 < fast_period_s <= period_s:
             raise ValueError("need 0 < fast_period_s <= period_s")
@@ -141,6 +147,16 @@ class Monitor:
         self.fast_slope_window_s = fast_slope_window_s
         self.min_slope_span_s = min_slope_span_s
         self.stale_after_s = stale_periods * period_s
+        self.power_tau_s = power_tau_s
+        # a rail whose reading has not moved at all for this long has stopped updating (real rails
+        # jitter by a few mW); a battery's fuel gauge updates every 5-60 s, so it gets longer
+        self.power_stuck_s = power_stuck_s
+        self.battery_stuck_s = battery_stuck_s
+        self._power_ema: float | None = None
+        self._power_t_s: float | None = None
+        self._power_raw: float | None = None
+        self._power_moved_s: float | None = None  # when the raw power reading last changed
+        self._power_mad: float | None = None
         self._lock = threading.Lock()
         self._sample: Sample | None = None
         self._ema_c: float | None = None
@@ -189,6 +205,7 @@ class Monitor:
                 seen = has_thermal_signal(sample)
                 self._sensing = ThermalSensing.PRESENT if seen else ThermalSensing.ABSENT
             self._update_temp(now, sample.temp_c)
+            self._update_power(now, sample.power_w)
             self._period_s = self._choose_period(sample)
             self._next_due_s = self._after(now)
 
@@ -217,6 +234,32 @@ class Monitor:
         self._raw.append((now, temp_c))
         while self._raw and self._raw[0][0] < now - self.fast_slope_window_s:
             self._raw.popleft()
+
+    def _update_power(self, now: float, power_w: float | None) -> None:
+        if power_w is None:
+            return
+        gap_s = None if self._power_t_s is None else now - self._power_t_s
+        if self._power_ema is None or gap_s is None or gap_s > self.stale_after_s:
+            self._power_ema = power_w
+            self._power_mad = None
+        else:
+            dev = abs(power_w - self._power_ema)  # noise (and real changes) around the smoothed value
+            mad = self._power_mad
+            self._power_mad = dev if mad is None else mad + 0.1 * (dev - mad)
+            alpha = 1.0 - math.exp(-max(gap_s, 0.0) / self.power_tau_s) if self.power_tau_s > 0 else 1.0
+            self._power_ema += alpha * (power_w - self._power_ema)
+        if self._power_raw is None or power_w != self._power_raw or self._power_moved_s is None:
+            self._power_moved_s = now
+        self._power_raw, self._power_t_s = power_w, now
+
+    def _power_state(self, sample: Sample | None, now: float, stale: bool) -> tuple[float | None, bool]:
+        """(smoothed power or None, stale): unknown when the latest sample has none."""
+        if sample is None or sample.power_w is None or self._power_ema is None:
+            return None, stale
+        slow = sample.power_source in ("battery", "powermetrics")  # read every 5-60 s
+        stuck_s = self.battery_stuck_s if slow else self.power_stuck_s
+        stuck = self._power_moved_s is not None and now - self._power_moved_s >= stuck_s
+        return self._power_ema, stale or stuck
 
     def _limits(self, sample: Sample | None) -> tuple[float | None, float | None, LimitOrigin]:
         limit_c = sample.limit_c if sample is not None else None
@@ -253,6 +296,7 @@ class Monitor:
             fast_ok = live and len(self._raw) >= 3 and self._raw[-1][0] - self._raw[0][0] >= 1.5
             fast = least_squares_slope(list(self._raw)) if fast_ok else None
             limit_c, critical_c, origin = self._limits(sample)
+            power_w, power_stale = self._power_state(sample, now, stale)
             return MonitorReading(
                 t_s=now,
                 source=sample.source if sample is not None else self.source.name,
@@ -269,6 +313,9 @@ class Monitor:
                 error=self._error,
                 thermal_sensing=self._sensing,
                 fast_slope_c_per_s=fast,
+                power_w=power_w,
+                power_stale=power_stale,
+                power_noise_w=self._power_mad,
             )
 
 

@@ -77,6 +77,15 @@ class Sample:
     cooling_active: bool | None = None  # a CPU/GPU cooling device has cur_state > 0
     freq_capped: bool | None = None  # some CPU has scaling_max_freq < cpuinfo_max_freq (any cause)
     nvmap_used_bytes: int | None = None  # Jetson: NvMapMemUsed (GPU buffers in shared RAM)
+    # --- power (telemetry/power.py, powermode.py) ---
+    power_source: str | None = None  # which input fed power_w: ina3221, battery, hwmon, rapl, jtop, sim
+    on_battery: bool | None = None  # None: no power supply information at all
+    battery_pct: float | None = None
+    power_mode: str | None = None  # Jetson nvpmodel mode name, e.g. "7W", "MAXN"
+    power_mode_budget_w: float | None = None  # the mode's budget when its name gives one
+    supply_limit_w: float | None = None  # what the supply can deliver now (a sagging or renegotiated one)
+    fan_rpm: int | None = None
+    fan_pwm: int | None = None  # 0..255
     errors: tuple[str, ...] = field(default_factory=tuple)  # one line per failed read
 
     @property

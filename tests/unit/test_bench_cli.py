@@ -88,7 +88,7 @@ def test_engine_target_is_still_there() -> None:
     assert args.bench_target == "engine" and args.json is True and args.func.__name__ == "run"
 
 
-def _doc(compare: bool = True, timeline: bool = True) -> dict[str, Any]:
+def _doc(compare: bool = True, timeline: bool = True, power: bool = False) -> dict[str, Any]:
     cfg = BenchConfig(primary=TargetSpec("url", "url", "http://127.0.0.1:1"),
                       compare=(TargetSpec("url", "b", "http://127.0.0.1:2"),) if compare else (),
                       concurrency=(1, 2, 4), requests=4, warmup=0)
@@ -103,6 +103,9 @@ def _doc(compare: bool = True, timeline: bool = True) -> dict[str, Any]:
             t += 1.0
     temps = [{"t_s": float(k), "temp_c": 50.0 + k, "mode": "nominal", "budget": 1.0 - 0.05 * k,
               "knobs": {"n_threads": 2, "duty": 1.0 - 0.1 * k, "paused": False}} for k in range(6)]
+    if power:
+        for k, p in enumerate(temps):
+            p.update(power_w=6.5 + 0.1 * k, power_budget_w=7.0, energy_j=7.0 * k, energy_tokens=20 * k)
     timelines = {"url": temps} if timeline else {}
     targets = [{"label": "url", "kind": "url", "url": "http://127.0.0.1:1", "model_id": "smol",
                 "is_edge": timeline, "launched": False, "command": None}]
@@ -143,6 +146,19 @@ def test_report_folder_from_a_bench_file(tmp_path: Path, capsys: pytest.CaptureF
     assert json.loads((out / "bench.json").read_text()) == json.loads(bench.read_text())
     facts = json.loads((out / "facts.json").read_text())
     assert facts["hardware"]["edge_version"] and facts["model"] is None
+
+
+def test_report_plots_power_and_tokens_per_joule_when_edge_reads_power(tmp_path: Path) -> None:
+    from edge.bench.plots import tokens_per_joule
+
+    doc = _doc(compare=False, power=True)
+    path = report.write(tmp_path, doc, {"edge_version": "x"}, "2026-01-02")
+    md = path.read_text()
+    assert "power.png" in md and _valid_png(tmp_path / "power.png")
+    expected = [(float(k), pytest.approx(20 / 7)) for k in range(1, 6)]
+    assert tokens_per_joule(doc["timeline"]["url"]) == expected
+    plain = report.write(tmp_path / "plain", _doc(compare=False), {"edge_version": "x"}, "2026-01-02")
+    assert "No power timeline" in plain.read_text() and not (tmp_path / "plain" / "power.png").exists()
 
 
 def test_report_without_timeline_has_no_thermal_plot(tmp_path: Path) -> None:

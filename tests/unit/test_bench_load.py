@@ -220,5 +220,13 @@ def test_status_point_flattens_edge_status() -> None:
     assert p == {"t_s": 3.21, "temp_c": 61.5, "mode": "throttled", "budget": 0.42, "reason": "hot",
                  "limit_c": 95.0,
                  "knobs": {"active_limit": 2, "n_threads": 1, "duty": 0.5, "off_threads": 0, "paused": False},
-                 "slots_active": 2, "waiting": 3}
+                 "slots_active": 2, "waiting": 3, "power_w": None, "power_budget_w": None,
+                 "on_battery": None, "battery_pct": None, "energy_j": None, "energy_tokens": None,
+                 "tokens_decoded": None}
+    st["scheduler"]["power"] = {"power_w": 6.9, "budget_w": 7.0, "on_battery": False, "battery_pct": None,
+                                "energy_j": 120.0, "energy_tokens": 300}
+    st["engine"] = {"total_tokens_decoded": 310}
+    p = _status_point(4.0, st)
+    assert (p["power_w"], p["power_budget_w"], p["energy_j"], p["energy_tokens"], p["tokens_decoded"]) == (
+        6.9, 7.0, 120.0, 300, 310)
     assert _status_point(0.0, {"scheduler": None, "knobs": None})["mode"] == "no-scheduler"

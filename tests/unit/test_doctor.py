@@ -23,6 +23,7 @@ TOP_KEYS = {
     "memory",
     "thermal",
     "telemetry",
+    "power",
     "errors",
 }
 FAKE_BACKEND = SimpleNamespace(
@@ -198,3 +199,44 @@ def test_detect_resolves_every_spec(tmp_path: Path) -> None:
     assert isinstance(src, NullSource)
     s = src.read()
     assert s.source == "none" and s.temp_c is None and not s.thermal_known and s.errors
+
+
+def nvpmodel_7w(argv: object) -> str:
+    return "NV Power Mode: 7W\n1\n"
+
+
+def test_power_on_an_orin_nano_with_nvpmodel_and_a_fan(tmp_path: Path) -> None:
+    fs = fakesys.orin_nano(tmp_path)
+    fs.fan("pwmfan", 128, 2300)
+    fs.etc("nvpmodel.conf", "< POWER_MODEL ID=0 NAME=15W >\n< POWER_MODEL ID=1 NAME=7W >\n")
+    r = doctor.report(tmp_path, system=linux, machine=aarch64, backends=lambda: FAKE_BACKEND,
+                      runner=nvpmodel_7w)
+    p = r["power"]
+    assert p["inputs_present"] == ["ina3221"] and "rapl" in p["inputs_absent"]
+    assert p["power_source"] == "ina3221" and p["power_w"] > 7.0
+    assert p["power_mode"] == {"id": 1, "name": "7W", "budget_w": 7.0}
+    assert p["fans"][0]["rpm"] == 2300
+    text = doctor.render(r)
+    assert "nvpmodel mode 1 7W: budget 7 W" in text and "INA3221 rails" in text
+    assert "jtop " in text  # installed or not, its state is a note, never a failure
+
+
+def test_power_on_a_machine_without_any_power_input(tmp_path: Path) -> None:
+    fakesys.FakeSys(tmp_path)  # this VM: nothing under /sys
+    r = doctor.report(tmp_path, system=linux, machine=lambda: "x86_64", backends=lambda: FAKE_BACKEND,
+                      runner=lambda argv: (_ for _ in ()).throw(FileNotFoundError("nvpmodel")))
+    p = r["power"]
+    assert p["inputs_present"] == [] and set(p["inputs_absent"]) == {"ina3221", "power_supply", "hwmon_power",
+                                                                     "rapl"}
+    assert p["power_w"] is None and p["power_mode"] is None and p["errors"] == []
+    text = doctor.render(r)
+    assert "inputs: none; not found:" in text and "no power input on this machine" in text
+    assert "nvpmodel not available" in text
+
+
+def test_power_on_a_laptop_on_battery(tmp_path: Path) -> None:
+    fakesys.laptop_with_battery(tmp_path, capacity=42)
+    r = doctor.report(tmp_path, system=linux, machine=lambda: "x86_64", backends=lambda: FAKE_BACKEND,
+                      runner=lambda argv: (_ for _ in ()).throw(FileNotFoundError("nvpmodel")))
+    assert r["power"]["on_battery"] is True and r["power"]["battery_pct"] == 42.0
+    assert "on battery, battery 42%" in doctor.render(r)

@@ -126,3 +126,19 @@ def test_queue_full_follows_admissions_rule() -> None:
     assert LoadState(running=2, waiting=0, n_slots=2, max_queue=0).queue_full
     assert not LoadState(running=2, waiting=2, n_slots=2, max_queue=3).queue_full
     assert LoadState(running=2, waiting=3, n_slots=2, max_queue=3).queue_full
+
+
+def test_a_power_budget_is_a_limit_the_balancer_and_readiness_see() -> None:
+    from edge.scheduler.state import BudgetOrigin, PowerControl, PowerStatus
+
+    assert [lim.kind for lim in limits_of(BASE, CFG)] == [LimitKind.THERMAL, LimitKind.MEMORY]  # no budget
+    held = replace(BASE, power=PowerStatus(PowerControl.HOLDING, 10.0, BudgetOrigin.SETTING, power_w=6.0))
+    (power,) = [lim for lim in limits_of(held, CFG) if lim.kind is LimitKind.POWER]
+    assert power.headroom == pytest.approx(0.4) and not power.blocking and "6.0 W of 10.0 W" in power.reason
+    over = replace(BASE, power=PowerStatus(PowerControl.LIMITING, 10.0, BudgetOrigin.SETTING, power_w=11.0))
+    (power,) = [lim for lim in limits_of(over, CFG) if lim.kind is LimitKind.POWER]
+    assert power.blocking and power.headroom == 0.0  # more than 5 % over: no new work
+    blind = replace(BASE, power=PowerStatus(PowerControl.FAIL_CLOSED, 10.0, BudgetOrigin.SETTING))
+    (power,) = [lim for lim in limits_of(blind, CFG) if lim.kind is LimitKind.POWER]
+    assert power.headroom == 0.0 and not power.blocking  # no reading: weighed down, still serving
+    assert _weight(limits_of(blind, CFG)).weight_pct == MIN_WEIGHT_PCT

@@ -75,8 +75,13 @@ class Factory:
         return h
 
 
+def no_nvpmodel(argv: object) -> str:
+    raise FileNotFoundError("nvpmodel")
+
+
 def make(fs: FakeSys, clock: ManualClock, factory: Any = None) -> JetsonSource:
-    return JetsonSource(fs.sys, fs.proc, clock, reader=fs.reader, jtop_factory=factory, jtop_retry_s=60.0)
+    return JetsonSource(fs.sys, fs.proc, clock, reader=fs.reader, jtop_factory=factory, jtop_retry_s=60.0,
+                        jtop_socket=None, runner=no_nvpmodel, etc_root=fs.root / "etc")
 
 
 def test_orin_nano_from_sysfs(tmp_path: Path) -> None:

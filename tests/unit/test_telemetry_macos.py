@@ -34,8 +34,33 @@ def memory() -> SimpleNamespace:
     return SimpleNamespace(total=16 * GiB, available=9 * GiB)
 
 
+PMSET_BATT = "Now drawing from 'Battery Power'\n -InternalBattery-0 (id=1)\t41%; discharging; present: true\n"
+
+
+def pmset(argv: object) -> str:
+    return PMSET_BATT
+
+
 def make(native: FakeNative) -> MacOSSource:
-    return MacOSSource(native, ManualClock(7.0), virtual_memory=memory)
+    return MacOSSource(native, ManualClock(7.0), virtual_memory=memory, runner=pmset)
+
+
+def test_battery_state_from_pmset_read_every_ten_seconds() -> None:
+    calls: list[object] = []
+
+    def runner(argv: object) -> str:
+        calls.append(argv)
+        return PMSET_BATT
+
+    clock = ManualClock(0.0)
+    src = MacOSSource(FakeNative(), clock, virtual_memory=memory, runner=runner)
+    s = src.read()
+    assert s.on_battery is True and s.battery_pct == 41.0 and s.power_w is None
+    clock.advance(5.0)
+    assert src.read().battery_pct == 41.0 and len(calls) == 1
+    clock.advance(5.0)
+    src.read()
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize(
