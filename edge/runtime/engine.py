@@ -39,6 +39,7 @@ from edge.runtime.residency import LoadSpec, Residency
 from edge.runtime.sampling import build_sampler, validate_sampling
 from edge.runtime.sequence import Sequence as Seq
 from edge.runtime.sequence import StepPerf, empty_stats
+from edge.runtime.spec_step import Speculation
 from edge.runtime.steploop import SampleHook, StepLoop
 from edge.runtime.stepplan import N_BATCH, STEP_TOKEN_BUDGET, admission_key
 
@@ -90,6 +91,8 @@ class Engine:
         idle_poll_s: float = 1.0,
         warmup: bool = True,
         embedding_model: str | Path | None = None,
+        speculative: str | None = None,
+        draft_max: int | None = None,
     ) -> None:
         if settings is not None:
             keep_alive_s = keep_alive_s if keep_alive_s is not None else settings.keep_alive_s
@@ -97,6 +100,15 @@ class Engine:
             n_slots, n_batch, kv_type = settings.slots, settings.n_batch, settings.kv_type
             n_threads = n_threads if n_threads is not None else settings.threads
             chat_template = chat_template if chat_template is not None else settings.chat_template
+            speculative = speculative if speculative is not None else settings.speculative
+            draft_max = draft_max if draft_max is not None else settings.draft_max
+        # --- speculative decoding (issue 20): prompt lookup unless turned off ---
+        speculative = speculative or "ngram"
+        if speculative not in ("off", "ngram", "draft"):
+            raise InvalidRequest(f"speculative must be off, ngram or draft, got {speculative!r}",
+                                 "speculative")
+        self.draft_max = draft_max or 8
+        n_outputs = None if speculative == "off" else n_slots * (1 + self.draft_max)
         # --- chat template choice (issue 15): NAME | FILE | text -> source; ConfigError if bad ---
         self._template_choice = templates.resolve_chat_template(chat_template)
         chat_template = self._template_choice.source if self._template_choice is not None else None
@@ -108,11 +120,14 @@ class Engine:
         clock = clock or SystemClock()
         self._clock = clock
         self._knobs = Knobs(active_limit=n_slots, n_threads=n_threads or max(1, os.cpu_count() or 1))
-        spec = LoadSpec(self.model_path, n_ctx or 4096, n_batch, n_slots, kv_type, n_gpu_layers, warmup)
+        spec = LoadSpec(self.model_path, n_ctx or 4096, n_batch, n_slots, kv_type, n_gpu_layers, warmup,
+                        n_outputs)
         self.residency = Residency(spec, clock, keep_alive_s, idle_poll_s, chat_template,
                                    None if embedding_model is None else str(embedding_model))
         self._box = Mailbox(self._knobs)
-        self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook)
+        self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook,
+                              Speculation("ngram" if speculative == "draft" else speculative, self.draft_max))
+        self._spec_mode = speculative
         self._thread_body = EngineThread(self._box, self.residency, self._loop, clock)
         self._thread: threading.Thread | None = None
         self._arrival = itertools.count()
@@ -144,6 +159,8 @@ class Engine:
         kw.setdefault("n_threads", settings.threads)
         kw.setdefault("keep_alive_s", settings.keep_alive_s)
         kw.setdefault("chat_template", settings.chat_template)
+        kw.setdefault("speculative", settings.speculative)
+        kw.setdefault("draft_max", settings.draft_max)
         if settings.embedding_model and "embedding_model" not in kw:
             from edge.gguf import validate_gguf
             from edge.store import resolve_model
@@ -168,6 +185,8 @@ class Engine:
             self._box.set_state(EngineState.FAILED)
             raise
         self.residency.install(model, ctx)
+        if self.residency.spec_blocker is not None and self._loop.spec.on:
+            self._loop.spec.mode = "off"  # requests that force it get a 400 (_sequence)
         self._loop.publish(0.0, 0.0, 0, 0)
 
     def start(self) -> None:
@@ -306,11 +325,26 @@ class Engine:
             raise InvalidRequest("stop must be a list of strings", param="stop")
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
+        self._check_speculation(request)
         validate_sampling(request.sampling, model.n_vocab)
         sampler = build_sampler(request.sampling, model.vocab, model.n_vocab)
         handle = RequestHandle(request.request_id or uuid.uuid4().hex, on_cancel=self._box.poke_cancel)
         key = admission_key(request.priority, next(self._arrival))
         return Seq(request, prompt, sampler, handle, key, self._clock.monotonic(), on_start)
+
+    def _check_speculation(self, request: GenerationRequest) -> None:
+        """A request that forces speculation gets a 400 where it cannot run; n_draft within k."""
+        if request.n_draft is not None and not 0 <= request.n_draft <= self.draft_max:
+            raise InvalidRequest(f"n_draft must be in 0..{self.draft_max} (--draft-max), "
+                                 f"got {request.n_draft}", "n_draft")
+        if request.speculative is not True:
+            return
+        blocker = self.residency.spec_blocker
+        if blocker is not None:
+            raise InvalidRequest(f"speculative decoding cannot run on this model: {blocker}", "speculative")
+        if self._spec_mode == "off":
+            raise InvalidRequest("speculative decoding is off on this server (--speculative off)",
+                                 "speculative")
 
     def embed(self, inputs: Sequence[str | list[int]]) -> EmbedJob:
         """L2-normalised embeddings of `inputs` (texts or token ids), computed on the engine

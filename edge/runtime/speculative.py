@@ -133,6 +133,16 @@ class StepCost:
         self.prior_slope = prior_slope
         self.by_n: dict[int, float] = {}
 
+    def table(self) -> tuple[tuple[int, float], ...]:
+        """The measurements as plain data (what a step plan reads)."""
+        return tuple(sorted(self.by_n.items()))
+
+    @classmethod
+    def from_table(cls, table: Sequence[tuple[int, float]], prior_slope: float = 0.1) -> StepCost:
+        c = cls(prior_slope)
+        c.by_n = dict(table)
+        return c
+
     def observe(self, n_tokens: int, seconds: float) -> None:
         if n_tokens <= 0 or seconds <= 0:
             return
@@ -168,6 +178,7 @@ class DraftAsk:
     available: int  # draft tokens the drafter has (and the request allows)
     rate: float  # acceptance estimate
     forced: bool = False  # the request asked for speculation: draft what is available
+    probe: bool = False  # long without drafting: one token, so a low estimate can recover
 
 
 MIN_RATE = 0.15  # below this a sequence drafts only as a probe
@@ -180,20 +191,20 @@ def expected_tokens(rate: float, d: int) -> float:
     return float(d + 1) if rate >= 1.0 else (1.0 - rate ** (d + 1)) / (1.0 - rate)
 
 
-def choose_drafts(asks: Sequence[DraftAsk], base_tokens: int, cost: StepCost, *,
-                  probes: frozenset[int] = frozenset()) -> dict[int, int]:
+def choose_drafts(asks: Sequence[DraftAsk], base_tokens: int, cost: StepCost) -> dict[int, int]:
     """Draft length per sequence (only those > 0) maximising the step's expected tokens per second.
 
     `asks` are the decoding sequences that could draft; `base_tokens` is what the step holds
-    anyway (one token per decoding sequence plus prompt chunks). Each drafted token of a sequence with acceptance `a`, as its (j+1)-th, adds
+    anyway (one token per decoding sequence plus prompt chunks). Each drafted token of a
+    sequence with acceptance `a`, as its (j+1)-th, adds
     a**(j+1) expected tokens; tokens are added best first while (expected tokens) /
-    cost(batch tokens) rises. Sequences in `probes` get one token even so (a low estimate
+    cost(batch tokens) rises. Probing sequences get one token even so (a low estimate
     must be able to recover); forced ones get what they have.
     """
     out: dict[int, int] = {}
     n = base_tokens
     for a in asks:
-        want = a.available if a.forced else (1 if a.seq_id in probes and a.available > 0 else 0)
+        want = a.available if a.forced else (1 if a.probe and a.available > 0 else 0)
         if want:
             out[a.seq_id] = want
             n += want

@@ -171,6 +171,7 @@ def test_step_cost_interpolates_and_extrapolates() -> None:
     assert c.cost(5) == pytest.approx(0.014)  # between the measured neighbours
     c.observe(1, 0.020)
     assert c.cost(1) == pytest.approx(0.012)  # an exponential average, not the last figure
+    assert StepCost.from_table(c.table()).cost(5) == c.cost(5)
 
 
 # --- chooser -----------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def test_chooser_gives_tokens_to_the_best_guesser_first() -> None:
 
 def test_chooser_probes_and_forced_sequences() -> None:
     c = _cost(0.0005)
-    assert choose_drafts([DraftAsk(0, 8, 0.05)], 1, c, probes=frozenset({0})) == {0: 1}
+    assert choose_drafts([DraftAsk(0, 8, 0.05, probe=True)], 1, c) == {0: 1}
     assert choose_drafts([DraftAsk(0, 5, 0.05, forced=True)], 1, c) == {0: 5}
     assert choose_drafts([DraftAsk(0, 0, 0.9)], 1, c) == {}  # nothing to draft
 
