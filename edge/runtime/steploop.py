@@ -247,11 +247,13 @@ class StepLoop:
     # --- decode ---------------------------------------------------------------------
     def _fill(self, batch: Batch, chunks: list[Chunk]) -> None:
         batch.clear()
+        self._batch_tokens = 0
         for ch in chunks:
             seq = self.running[ch.seq_id]
             if ch.decode and seq.spec is not None and seq.spec.draft:
                 seq.out_idx = batch.add_tokens(ch.seq_id, [seq.pending_tok, *seq.spec.draft],
                                                len(self.slots[ch.seq_id].tokens))
+                self._batch_tokens += len(seq.spec.draft)
             elif ch.decode:
                 seq.out_idx = batch.add_token(ch.seq_id, seq.pending_tok, len(self.slots[ch.seq_id].tokens))
             else:
@@ -270,7 +272,7 @@ class StepLoop:
         ctx, batch = live.ctx, live.batch
         while chunks:
             self._fill(batch, chunks)
-            self._batch_tokens = batch.n
+            self._batch_tokens += sum(ch.n for ch in chunks)
             td = time.perf_counter()
             rc = batch.decode(ctx.ptr)
             self._decode_s += time.perf_counter() - td
