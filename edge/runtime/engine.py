@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge.clock import Clock, SystemClock
 from edge.config import Settings
-from edge.errors import ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
+from edge.errors import ConfigError, ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
 from edge.runtime import chat_template as templates
 from edge.runtime import facade
 from edge.runtime.embed import EmbedJob, describe, prepare_inputs
@@ -55,6 +55,28 @@ from edge.runtime.types import (
     Knobs,
     TokenEvent,
 )
+
+DRAFT_NOT_BUILT = ("drafting with a second model is not built yet (its vocabulary check is): "
+                   "use --speculative ngram")
+
+
+def _refuse_draft_model(path: Path, settings: Settings) -> None:
+    """--speculative draft: a draft model with another vocabulary is refused naming both
+    (DraftVocabMismatch); one that matches is refused too, since drafting with it is not built."""
+    from edge.gguf import validate_gguf
+    from edge.runtime.draft import check_draft_vocab
+    from edge.store import resolve_model
+
+    assert settings.draft_model is not None  # Settings requires it for "draft"
+    draft_path = resolve_model(settings.draft_model, settings)
+    validate_gguf(draft_path)
+    target, draft = LlamaModel(path, vocab_only=True), LlamaModel(draft_path, vocab_only=True)
+    try:
+        check_draft_vocab(target, draft)
+    finally:
+        target.close()
+        draft.close()
+    raise ConfigError("speculative", DRAFT_NOT_BUILT)
 
 
 class Engine:
@@ -104,6 +126,8 @@ class Engine:
             draft_max = draft_max if draft_max is not None else settings.draft_max
         # --- speculative decoding (issue 20): prompt lookup unless turned off ---
         speculative = speculative or "ngram"
+        if speculative == "draft":
+            raise ConfigError("speculative", DRAFT_NOT_BUILT)
         if speculative not in ("off", "ngram", "draft"):
             raise InvalidRequest(f"speculative must be off, ngram or draft, got {speculative!r}",
                                  "speculative")
@@ -161,6 +185,8 @@ class Engine:
         kw.setdefault("chat_template", settings.chat_template)
         kw.setdefault("speculative", settings.speculative)
         kw.setdefault("draft_max", settings.draft_max)
+        if kw["speculative"] == "draft":
+            _refuse_draft_model(path, settings)
         if settings.embedding_model and "embedding_model" not in kw:
             from edge.gguf import validate_gguf
             from edge.store import resolve_model

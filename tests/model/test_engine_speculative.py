@@ -180,3 +180,14 @@ def test_draft_model_with_another_vocabulary_is_refused(smollm2_path: Path, gemm
     finally:
         for m in (target, draft, same):
             m.close()
+
+
+def test_serving_with_a_draft_model_of_another_vocabulary_is_refused_at_load(
+        smollm2_path: Path, gemma_path: Path) -> None:
+    from edge.config import Settings
+    from edge.errors import ConfigError
+
+    with pytest.raises(DraftVocabMismatch, match="SPM vocabulary of 262144 tokens"):
+        Engine.from_settings(str(smollm2_path), Settings(speculative="draft", draft_model=str(gemma_path)))
+    with pytest.raises(ConfigError, match="not built yet"):  # the same vocabulary: honest about the rest
+        Engine.from_settings(str(smollm2_path), Settings(speculative="draft", draft_model=str(smollm2_path)))

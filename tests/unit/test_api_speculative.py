@@ -50,3 +50,22 @@ def test_settings_speculative_mode_and_draft_model() -> None:
         Settings(speculative="sometimes")
     with pytest.raises(Exception):  # noqa: B017
         Settings(draft_max=0)
+
+
+def test_metrics_and_status_show_drafted_accepted_and_draft_length() -> None:
+    from dataclasses import replace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    app, engine = make_app()
+    base = engine.stats
+    engine.stats = lambda: replace(base(), speculative="ngram", spec_drafted=120, spec_accepted=90,  # type: ignore[method-assign]
+                                   spec_draft_len=3.5)
+    client = TestClient(app)
+    got = {s.name: s.value for fam in text_string_to_metric_families(client.get("/metrics").text)
+           for s in fam.samples}
+    assert got["edge_spec_drafted_tokens_total"] == 120 and got["edge_spec_accepted_tokens_total"] == 90
+    assert got["edge_spec_draft_len"] == 3.5 and got["edge_knob_speculate"] == 1.0
+    eng = client.get("/v1/status").json()["engine"]
+    assert eng["speculative"] == "ngram" and eng["spec_drafted"] == 120 and eng["spec_accepted"] == 90
+    assert eng["spec_draft_len"] == 3.5
