@@ -152,8 +152,7 @@ def shape_knobs(th: Thermal, mem: MemoryVerdict, threads: ThreadsVerdict, queue:
     # controller cutting threads or duty is saving exactly that work
     full = level.knobs.duty >= 1.0 and level.knobs.n_threads >= cfg.max_threads and not knobs.paused
     if not full and knobs.speculate:
-        knobs = replace(knobs, speculate=False)
-        tags = (*tags, "speculation:off")
+        knobs = replace(knobs, speculate=False)  # visible as the knob (edge_knob_speculate)
     return Shaped(knobs, reason, tags)
 
 
