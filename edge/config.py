@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -88,6 +88,17 @@ class Settings(BaseSettings):
         None, ge=1, le=256, description="Decode threads (None: from the profile or CPU count)."
     )
     slots: int = Field(4, ge=1, le=64, description="Sequences that may share one batch.")
+    speculative: Literal["off", "ngram", "draft"] = Field(
+        "off", description="Speculative decoding (opt-in until it is shown to pay on the device): "
+        "ngram (prompt lookup, no second model), draft "
+        "(guesses from --draft-model) or off. Adaptive: each sequence drafts only while its measured "
+        "acceptance and step cost say it pays, and never while the scheduler cuts load."
+    )
+    draft_model: str | None = Field(
+        None, description="Draft model for --speculative draft (store name or .gguf path); it must "
+        "have the served model's vocabulary."
+    )
+    draft_max: int = Field(8, ge=1, le=32, description="Most tokens drafted per sequence and step.")
 
     # --- server ---
     host: str = Field("127.0.0.1", description="Bind address; non-loopback needs an API key.")
@@ -192,6 +203,12 @@ class Settings(BaseSettings):
             except ConfigError as exc:
                 raise ValueError(exc.reason) from None
         return v
+
+    @model_validator(mode="after")
+    def _draft_needs_model(self) -> Settings:
+        if self.speculative == "draft" and not self.draft_model:
+            raise ValueError("speculative = 'draft' needs draft_model (--draft-model NAME)")
+        return self
 
     def resolved_api_key(self) -> str | None:
         """The key from `api_key`, else the first line of `api_key_file`."""

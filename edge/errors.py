@@ -96,6 +96,27 @@ class ModelLoadError(EdgeError):
 
 
 @dataclass
+class DraftVocabMismatch(EdgeError):
+    """A draft model for speculative decoding must tokenize exactly as the served model does.
+
+    `target_vocab` / `draft_vocab` describe each vocabulary (type and size); `reason` is the
+    first difference found (a token id whose text differs, a special token, the size)."""
+
+    target: str
+    target_vocab: str
+    draft: str
+    draft_vocab: str
+    reason: str
+    kind = ErrorKind.INVALID_REQUEST
+
+    def __str__(self) -> str:
+        return (
+            f"draft model {self.draft} ({self.draft_vocab}) cannot draft for {self.target} "
+            f"({self.target_vocab}): {self.reason}; a draft model needs the same vocabulary"
+        )
+
+
+@dataclass
 class InsufficientMemory(EdgeError):
     need_bytes: int
     available_bytes: int

@@ -107,6 +107,8 @@ def prepare_job(
     stop: tuple[str, ...],
     logprobs: int | None = None,
     max_tokens_param: str = "max_tokens",
+    speculative: bool | None = None,
+    n_draft: int | None = None,
 ) -> Job:
     """Tokenize and check against the context and the max_tokens cap, before any queueing."""
     tokens = list(prompt) if isinstance(prompt, list) else st.engine.tokenize(prompt, add_bos)
@@ -123,7 +125,7 @@ def prepare_job(
         )
     max_tokens = requested_max_tokens if requested_max_tokens is not None else min(cap, n_ctx - len(tokens))
     req = GenerationRequest(prompt=tokens, max_tokens=max_tokens, sampling=sampling, stop=stop, add_bos=False,
-                            logprobs=logprobs)
+                            logprobs=logprobs, speculative=speculative, n_draft=n_draft)
     return Job(req, len(tokens), None if isinstance(prompt, list) else prompt)
 
 

@@ -89,6 +89,8 @@ class _LiveCollector(Collector):
                 "Scheduler knob: background admitted",
                 float(s.knobs.admit_background),
             ),
+            "edge_knob_speculate": ("Scheduler knob: speculative decoding allowed", float(s.knobs.speculate)),
+            "edge_spec_draft_len": ("Draft tokens per decoding sequence in the last step", s.spec_draft_len),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=float(value))
@@ -96,6 +98,8 @@ class _LiveCollector(Collector):
             "edge_engine_steps": ("Engine steps since start", s.total_steps),
             "edge_engine_tokens_decoded": ("Tokens generated since start", s.total_tokens_decoded),
             "edge_engine_tokens_prefilled": ("Prompt tokens evaluated since start", s.total_tokens_prefilled),
+            "edge_spec_drafted_tokens": ("Draft tokens verified since start", s.spec_drafted),
+            "edge_spec_accepted_tokens": ("Draft tokens accepted since start", s.spec_accepted),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=float(value))

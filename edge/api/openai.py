@@ -88,7 +88,8 @@ def _prepare_chat(
     sampling = sampling_for(body, plan.grammar or grammar_for(body.response_format))
     stop = with_turn_stops(body.stop_tuple(), info)
     job = prepare_job(st, prompt, add_bos=False, requested_max_tokens=body.requested_max_tokens(),
-                      sampling=sampling, stop=stop, logprobs=body.logprobs_n())
+                      sampling=sampling, stop=stop, logprobs=body.logprobs_n(),
+                      speculative=body.speculative, n_draft=body.n_draft)
     return job, plan
 
 
@@ -205,7 +206,8 @@ async def completions(request: Request) -> Response:
         sampling = sampling_for(body, grammar_for(body.response_format))
         return [
             prepare_job(st, p, add_bos=True, requested_max_tokens=body.requested_max_tokens(),
-                        sampling=sampling, stop=body.stop_tuple(), logprobs=body.logprobs_n())
+                        sampling=sampling, stop=body.stop_tuple(), logprobs=body.logprobs_n(),
+                        speculative=body.speculative, n_draft=body.n_draft)
             for p in prompts
         ]
 

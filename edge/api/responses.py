@@ -148,7 +148,8 @@ def _prepare(st: ApiState, body: ResponsesRequest, messages: list[ChatMessage],
               else st.engine.render_chat(rendered))
     sampling = sampling_for(body, plan.grammar or grammar_for(fmt, param="text.format"))
     job = prepare_job(st, prompt, add_bos=False, requested_max_tokens=body.max_output_tokens,
-                      sampling=sampling, stop=with_turn_stops((), info), max_tokens_param="max_output_tokens")
+                      sampling=sampling, stop=with_turn_stops((), info), max_tokens_param="max_output_tokens",
+                      speculative=body.speculative, n_draft=body.n_draft)
     return job, plan
 
 

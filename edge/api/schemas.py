@@ -107,6 +107,11 @@ class _Sampling(_Base):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = None
     logit_bias: dict[str, float] | None = None
+    # speculative decoding (edge extension, llama.cpp-style): true forces it on (400 where the
+    # model's cache cannot roll back), false off, absent: the engine's adaptive choice;
+    # n_draft caps the tokens drafted per step (0: off)
+    speculative: StrictBool | None = None
+    n_draft: int | None = Field(None, ge=0, le=64)
 
     @field_validator("logit_bias")
     @classmethod

@@ -78,12 +78,13 @@ class BenchConfig:
     allow_remote: bool = False
     status_interval_s: float = 1.0
     ban_tokens: tuple[int, ...] = ()  # --ignore-eos: the model's end tokens, banned in every request
+    task: str = "words"  # --workload: words (random word prompts) or a task of bench/tasks.py
 
     def workload(self) -> Workload:
         prompts = parse_dist(self.prompt_lengths, "prompt-lengths", allow_jsonl=True)
         return Workload(prompts, parse_dist(self.max_tokens, "max-tokens"), seed=self.seed,
                         endpoint="completions" if self.endpoint == "completions" else "chat",
-                        ban_tokens=self.ban_tokens)
+                        ban_tokens=self.ban_tokens, task=self.task)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -145,7 +146,7 @@ def _labels(specs: list[TargetSpec]) -> list[TargetSpec]:
     out = []
     for s in specs:
         n = seen[s.label] = seen.get(s.label, 0) + 1
-        out.append(s if n == 1 else TargetSpec(s.kind, f"{s.label}#{n}", s.url))
+        out.append(s if n == 1 else TargetSpec(s.kind, f"{s.label}#{n}", s.url, s.args))
     return out
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -65,15 +67,23 @@ class TargetSpec:
     kind: Kind
     label: str
     url: str | None = None
+    args: tuple[str, ...] = ()  # extra flags for a launched server (`KIND:FLAGS`)
 
 
 def parse_target(text: str) -> TargetSpec:
-    """A --compare value: a URL, `edge`, `llama-server` or `llama-cpp-python`."""
+    """A --compare value: a URL, or `edge`, `llama-server`, `llama-cpp-python`, each optionally
+    with extra server flags after a colon (`edge:--speculative off`,
+    `llama-server:--spec-type ngram-simple`)."""
     t = text.strip()
     if t.startswith(("http://", "https://")):
         return TargetSpec("url", t.rstrip("/"), t.rstrip("/"))
-    if t in LAUNCHED_KINDS:
-        return TargetSpec(t, t)  # type: ignore[arg-type]
+    kind, sep, flags = t.partition(":")
+    if kind in LAUNCHED_KINDS:
+        try:
+            args = tuple(shlex.split(flags)) if sep else ()
+        except ValueError as exc:
+            raise ConfigError("compare", f"{text!r}: {exc}") from None
+        return TargetSpec(kind, f"{kind} {' '.join(args)}" if args else kind, args=args)  # type: ignore[arg-type]
     raise ConfigError("compare", f"{text!r}: expected a URL, edge, llama-server or llama-cpp-python")
 
 
@@ -220,8 +230,8 @@ def start_target(
         raise ConfigError("model", f"starting {spec.kind} needs a MODEL (a store name or .gguf path)")
     clock = clock or SystemClock()
     p = port()
-    cmd = launch_command(spec.kind, p, settings)
-    log_path = log_dir / f"{spec.label}.log"
+    cmd = launch_command(spec.kind, p, settings) + list(spec.args)
+    log_path = log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', spec.label)}.log"
     try:
         proc = launcher(cmd, log_path)
     except OSError as exc:

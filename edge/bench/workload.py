@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from edge.bench.tasks import TASKS, task_prompt
 from edge.errors import ConfigError
 
 WORDS: tuple[str, ...] = (
@@ -161,7 +162,11 @@ class Workload:
         endpoint: Literal["chat", "completions"] = "chat",
         records: list[dict[str, Any]] | None = None,
         ban_tokens: tuple[int, ...] = (),
+        task: str = "words",
     ) -> None:
+        if task not in TASKS:
+            raise ConfigError("workload", f"{task!r}: expected one of {', '.join(TASKS)}")
+        self.task = task
         if prompt_lengths.kind == "jsonl" and records is None:
             assert prompt_lengths.path is not None
             records = load_jsonl(prompt_lengths.path)
@@ -178,7 +183,10 @@ class Workload:
     def request(self, concurrency: int, i: int) -> RequestSpec:
         rng = random.Random(f"edge-bench/{self.seed}/{concurrency}/{i}")
         words: int | None = None
-        if self.records is not None:
+        if self.task != "words":  # a task prompt (tasks.py); --prompt-lengths does not apply
+            prompt = task_prompt(self.task, rng)
+            messages = [{"role": "user", "content": prompt}]
+        elif self.records is not None:
             rec = self.records[rng.randrange(len(self.records))]
             messages = rec.get("messages") or [{"role": "user", "content": rec["prompt"]}]
             prompt = rec.get("prompt") or _as_text(rec["messages"])

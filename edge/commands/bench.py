@@ -82,6 +82,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-lengths", default="uniform:32-256",
                    help="fixed:N, uniform:A-B (about N tokens of words) or jsonl:PATH of real requests "
                         "(default uniform:32-256)")
+    p.add_argument("--workload", choices=("words", "story", "summarise", "rewrite", "quote"), default="words",
+                   help="words: prompts of random words (--prompt-lengths); story: free-form writing; "
+                        "summarise / rewrite / quote: answers that repeat a given document, code or passage")
     p.add_argument("--max-tokens", default="uniform:32-128",
                    help="fixed:N or uniform:A-B (default uniform:32-128)")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
@@ -165,7 +168,7 @@ def bench_config(args: argparse.Namespace) -> Any:
         warmup=args.warmup, prompt_lengths=args.prompt_lengths, max_tokens=args.max_tokens,
         endpoint=args.endpoint, timeout_s=args.timeout, threads=args.threads or _usable_cpus(),
         slots=args.slots, ctx=args.ctx, seed=args.seed, allow_remote=args.allow_remote,
-        ban_tokens=_end_tokens(args, model_path),
+        ban_tokens=_end_tokens(args, model_path), task=getattr(args, "workload", "words"),
     )
     cfg.workload()  # parse the distributions now: a bad spec is a usage error (2)
     return cfg

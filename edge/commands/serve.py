@@ -61,6 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sim-ambient-file", type=Path, default=None,
                    help="with --telemetry sim:..., a file holding the room temperature in C "
                    "(re-read as it changes)")
+    p.add_argument("--speculative", choices=("off", "ngram", "draft"), default=None,
+                   help="speculative decoding (default off; ngram: adaptive prompt lookup)")
+    p.add_argument("--draft-model", default=None, metavar="MODEL",
+                   help="draft model for --speculative draft (same vocabulary as the served model)")
+    p.add_argument("--draft-max", type=int, default=None, metavar="K", help="most tokens drafted per step")
     p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
     add_settings_args(p)
     p.set_defaults(func=run)
@@ -96,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         agent_port=args.agent_port,
         agent_host=args.agent_host,
         sim_ambient_file=args.sim_ambient_file,
+        speculative=args.speculative,
+        draft_model=args.draft_model,
+        draft_max=args.draft_max,
     )
     api_key = bind_api_key(settings)
     agent_at = agent_bind(settings, keyed=api_key is not None)

@@ -38,6 +38,20 @@ class Batch:
         self.n = i + 1
         return i
 
+    def add_tokens(self, seq_id: int, tokens: Sequence[int], pos0: int) -> int:
+        """Tokens at positions pos0.. with logits on every row (a token and its draft, verified
+        together); returns the first row."""
+        tok, pos, logits, seqp = self._tok, self._pos, self._logits, self._seq
+        i0 = i = self.n
+        for j, t in enumerate(tokens):
+            tok[i] = t
+            pos[i] = pos0 + j
+            seqp[i][0] = seq_id
+            logits[i] = 1
+            i += 1
+        self.n = i
+        return i0
+
     def add_prompt(self, seq_id: int, tokens: Sequence[int], pos0: int, logits_last: bool) -> int:
         """A prompt chunk at positions pos0.. ; returns the row of its last token."""
         tok, pos, logits, seqp = self._tok, self._pos, self._logits, self._seq

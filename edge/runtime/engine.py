@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from edge.clock import Clock, SystemClock
 from edge.config import Settings
-from edge.errors import ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
+from edge.errors import ConfigError, ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
 from edge.runtime import chat_template as templates
 from edge.runtime import facade
+from edge.runtime.draft import DRAFT_NOT_BUILT, check_speculation, refuse_draft_model
 from edge.runtime.embed import EmbedJob, describe, prepare_inputs
 from edge.runtime.enginethread import EngineThread
 from edge.runtime.handle import RequestHandle
@@ -39,6 +40,7 @@ from edge.runtime.residency import LoadSpec, Residency
 from edge.runtime.sampling import build_sampler, validate_sampling
 from edge.runtime.sequence import Sequence as Seq
 from edge.runtime.sequence import StepPerf, empty_stats
+from edge.runtime.spec_step import Speculation
 from edge.runtime.steploop import SampleHook, StepLoop
 from edge.runtime.stepplan import N_BATCH, STEP_TOKEN_BUDGET, admission_key
 
@@ -91,6 +93,8 @@ class Engine:
         idle_poll_s: float = 1.0,
         warmup: bool = True,
         embedding_model: str | Path | None = None,
+        speculative: str | None = None,
+        draft_max: int | None = None,
     ) -> None:
         if settings is not None:
             keep_alive_s = keep_alive_s if keep_alive_s is not None else settings.keep_alive_s
@@ -98,6 +102,17 @@ class Engine:
             n_slots, n_batch, kv_type = settings.slots, settings.n_batch, settings.kv_type
             n_threads = n_threads if n_threads is not None else settings.threads
             chat_template = chat_template if chat_template is not None else settings.chat_template
+            speculative = speculative if speculative is not None else settings.speculative
+            draft_max = draft_max if draft_max is not None else settings.draft_max
+        # --- speculative decoding (issue 20): off unless asked for (ngram: prompt lookup) ---
+        speculative = speculative or "off"
+        if speculative == "draft":
+            raise ConfigError("speculative", DRAFT_NOT_BUILT)
+        if speculative not in ("off", "ngram", "draft"):
+            raise InvalidRequest(f"speculative must be off, ngram or draft, got {speculative!r}",
+                                 "speculative")
+        self.draft_max = draft_max or 8
+        n_outputs = None if speculative == "off" else n_slots * (1 + self.draft_max)
         # --- chat template choice (issue 15): NAME | FILE | text -> source; ConfigError if bad ---
         self._template_choice = templates.resolve_chat_template(chat_template)
         chat_template = self._template_choice.source if self._template_choice is not None else None
@@ -109,11 +124,14 @@ class Engine:
         clock = clock or SystemClock()
         self._clock = clock
         self._knobs = Knobs(active_limit=n_slots, n_threads=n_threads or max(1, os.cpu_count() or 1))
-        spec = LoadSpec(self.model_path, n_ctx or 4096, n_batch, n_slots, kv_type, n_gpu_layers, warmup)
+        spec = LoadSpec(self.model_path, n_ctx or 4096, n_batch, n_slots, kv_type, n_gpu_layers, warmup,
+                        n_outputs)
         self.residency = Residency(spec, clock, keep_alive_s, idle_poll_s, chat_template,
                                    None if embedding_model is None else str(embedding_model))
         self._box = Mailbox(self._knobs)
-        self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook)
+        self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook,
+                              Speculation("ngram" if speculative == "draft" else speculative, self.draft_max))
+        self._spec_mode = speculative
         self._thread_body = EngineThread(self._box, self.residency, self._loop, clock)
         self._thread: threading.Thread | None = None
         self._arrival = itertools.count()
@@ -145,6 +163,10 @@ class Engine:
         kw.setdefault("n_threads", settings.threads)
         kw.setdefault("keep_alive_s", settings.keep_alive_s)
         kw.setdefault("chat_template", settings.chat_template)
+        kw.setdefault("speculative", settings.speculative)
+        kw.setdefault("draft_max", settings.draft_max)
+        if kw["speculative"] == "draft":
+            refuse_draft_model(path, settings)
         if settings.embedding_model and "embedding_model" not in kw:
             from edge.gguf import validate_gguf
             from edge.store import resolve_model
@@ -169,6 +191,8 @@ class Engine:
             self._box.set_state(EngineState.FAILED)
             raise
         self.residency.install(model, ctx)
+        if self.residency.spec_blocker is not None and self._loop.spec.on:
+            self._loop.spec.mode = "off"  # requests that force it get a 400 (_sequence)
         self._loop.publish(0.0, 0.0, 0, 0)
 
     def start(self) -> None:
@@ -307,6 +331,7 @@ class Engine:
             raise InvalidRequest("stop must be a list of strings", param="stop")
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
+        check_speculation(request, self.draft_max, self.residency.spec_blocker, self._spec_mode)
         validate_sampling(request.sampling, model.n_vocab)
         sampler = build_sampler(request.sampling, model.vocab, model.n_vocab)
         handle = RequestHandle(request.request_id or uuid.uuid4().hex, on_cancel=self._box.poke_cancel)

@@ -28,7 +28,8 @@ from edge.runtime.types import (
 )
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
-_REQUEST_FIELDS = {"max_tokens", "stop", "priority", "request_id", "add_bos", "logprobs"}
+_REQUEST_FIELDS = {"max_tokens", "stop", "priority", "request_id", "add_bos", "logprobs", "speculative",
+                   "n_draft"}
 
 
 def build_request(prompt: str | list[int], **kw: Any) -> GenerationRequest:

@@ -81,5 +81,6 @@ def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, ava
         gpu_available_bytes=gpu_available_bytes,
         n_batch=settings.n_batch,
         n_ubatch=settings.n_batch,
-        n_outputs_max=settings.slots,  # the engine requests one logits row per sequence
+        # the engine requests one logits row per sequence, 1 + draft_max while it speculates
+        n_outputs_max=settings.slots * (1 if settings.speculative == "off" else 1 + settings.draft_max),
     )

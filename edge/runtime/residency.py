@@ -30,6 +30,7 @@ from edge.clock import Clock
 from edge.errors import EngineStopped, ModelLoadError
 from edge.runtime.batch import Batch
 from edge.runtime.chat_template import ChatTemplate, load_template
+from edge.runtime.draft import rollback_blocker
 from edge.runtime.embed import Embedder
 from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
@@ -54,6 +55,7 @@ class LoadSpec:
     kv_type: str
     n_gpu_layers: int = 0
     warmup: bool = True  # decode once at load so the first request does not pay one-time costs
+    n_outputs: int | None = None  # logits rows one batch may ask for (None: one per slot)
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class Residency:
         # embeddings: a context over these weights, or over a second model named for embeddings
         self.embed_model_path = embed_model_path
         self.embedder: Embedder | None = None
+        self.spec_blocker: str | None = None  # why this model cannot roll drafts back (set at open)
         self._embed_model: LlamaModel | None = None  # the second model's weights, when loaded
         self._embed_vocab: LlamaModel | None = None  # its vocabulary, for tokenizing on any thread
         self._live: Live | None = None
@@ -129,8 +132,10 @@ class Residency:
         model = LlamaModel(s.model_path, n_gpu_layers=s.n_gpu_layers)
         try:
             n_ctx = min(s.n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else s.n_ctx
+            self.spec_blocker = rollback_blocker(model)
+            n_out = s.n_outputs if self.spec_blocker is None else None  # no drafts: one row per slot
             cfg = ContextConfig(n_ctx=n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_seq_max=s.n_slots,
-                                n_threads=n_threads, kv_type=s.kv_type)
+                                n_threads=n_threads, kv_type=s.kv_type, n_outputs_max=n_out)
             ctx = LlamaContext(model, cfg)
         except BaseException:
             model.close()

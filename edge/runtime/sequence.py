@@ -27,6 +27,7 @@ from edge.runtime.types import (
 
 if TYPE_CHECKING:
     from edge.runtime.sampling import Sampler
+    from edge.runtime.spec_step import SeqSpec
 
 log = logging.getLogger("edge.engine")
 
@@ -48,6 +49,7 @@ class Sequence:
         "request",
         "sampler",
         "seq_id",
+        "spec",
         "stream",
         "t_first_s",
         "t_submit_s",
@@ -83,6 +85,7 @@ class Sequence:
         self.t_first_s = -1.0
         self.wakeups: Wakeups | None = None  # the step loop's, once admitted: wake consumers per step
         self.pending_logprobs: list[TokenLogprob] = []  # sampled, not yet in an event (when asked)
+        self.spec: SeqSpec | None = None  # speculation state once admitted (None: never drafts)
 
     @property
     def n_prompt_left(self) -> int:

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from edge.errors import DecodeFailed, EdgeError
+from edge.errors import DecodeFailed
+from edge.runtime.delivery import Delivery
 from edge.runtime.embedqueue import EmbedQueue
 from edge.runtime.handle import Wakeups
-from edge.runtime.sampling import token_logprobs
 from edge.runtime.sequence import Sequence, StepPerf
+from edge.runtime.spec_step import SeqSpec, Speculation
 from edge.runtime.stepplan import (
     Admit,
     Chunk,
@@ -35,13 +36,14 @@ from edge.runtime.stepplan import (
     kv_cells_held,
     plan_step,
 )
-from edge.runtime.types import EngineStats, FinishReason, Priority, TokenLogprob
+from edge.runtime.types import EngineStats, FinishReason, Priority
 
 if TYPE_CHECKING:
     from edge.clock import Clock
     from edge.runtime.batch import Batch
     from edge.runtime.mailbox import Mail, Mailbox
     from edge.runtime.residency import Live, Residency
+    from edge.runtime.speculative import DraftAsk
     from edge.runtime.types import GenerationRequest
 
 log = logging.getLogger("edge.engine")
@@ -49,11 +51,12 @@ SampleHook = Callable[["GenerationRequest", int], int]  # (request, token) -> to
 WaitEntry = tuple[tuple[int, int], int, Sequence]  # (admission key, tie-break, sequence)
 
 
-class StepLoop:
+class StepLoop(Delivery):
     """Continuous batching over the residency's context; `run()` is the engine thread."""
 
     def __init__(self, mailbox: Mailbox, residency: Residency, clock: Clock, n_slots: int,
-                 step_token_budget: int, sample_hook: SampleHook | None = None) -> None:
+                 step_token_budget: int, sample_hook: SampleHook | None = None,
+                 speculation: Speculation | None = None) -> None:
         self.mailbox = mailbox
         self.res = residency
         self.clock = clock
@@ -61,6 +64,7 @@ class StepLoop:
         self.budget = max(1, step_token_budget)
         self.sample_hook = sample_hook
         self.knobs = mailbox.knobs
+        self.spec = speculation or Speculation("off", 1)  # speculative decoding (spec_step.py)
         self.waiting: list[WaitEntry] = []
         self.running: dict[int, Sequence] = {}
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -72,6 +76,7 @@ class StepLoop:
         self._freed = False  # a slot became idle during this step (waiting work may fit now)
         self._off_owed_s = 0.0  # off-duty stepping time owed (knobs.off_threads > 0, duty < 1)
         self._sample_s = self._decode_s = 0.0
+        self._batch_tokens = 0  # tokens in the last decoded batch (the step-cost model's x)
         self._totals = [0, 0, 0]  # decoded, prefilled, steps
         self.wakeups = Wakeups()  # consumers' wake-ups, sent once per iteration
         self.embeds = EmbedQueue()  # embedding jobs: at most one batch per iteration
@@ -141,7 +146,19 @@ class StepLoop:
         return StepView(
             live.n_ctx, live.batch.capacity, self.budget, tuple(s.view() for s in self.slots),
             tuple(SeqView(sid, q.key, q.n_prompt_left) for sid, q in self.running.items()),
-            waiting, self._off_owed_s)
+            waiting, self._off_owed_s, *self._draft_view(live))
+
+    def _draft_view(self, live: Live) -> tuple[tuple[DraftAsk, ...], tuple[tuple[int, float], ...]]:
+        """What the plan needs to give drafts: each decoding sequence's guess (no deeper than the
+        context and max_tokens leave room for) and the measured step costs."""
+        if not self.spec.on:
+            return (), ()
+        cands: list[tuple[int, SeqSpec, int]] = []
+        for sid, q in self.running.items():
+            if q.spec is not None and q.n_prompt_left == 0 and q.pending_tok >= 0:
+                limit = min(live.n_ctx_seq - len(self.slots[sid].tokens) - 1, q.max_tokens - q.n_gen - 1)
+                cands.append((sid, q.spec, limit))
+        return self.spec.asks(cands), self.spec.cost.table()
 
     def _reap_cancelled(self) -> None:
         for sid, seq in list(self.running.items()):
@@ -169,6 +186,9 @@ class StepLoop:
             self.publish(0.0, 0.0, 0, 0)
             return 0.0
         self._sample_s = self._decode_s = 0.0
+        if self.spec.on:
+            specs = {sid: q.spec for sid, q in self.running.items() if q.spec is not None}
+            self.spec.apply(plan.drafts, specs)
         chunks = self._decode(live, list(plan.chunks))
         n_dec = n_pre = 0
         for ch in chunks:
@@ -179,6 +199,7 @@ class StepLoop:
             if ch.wants_logits:
                 self._sample(live, self.running[ch.seq_id])
         step_s, decode_s = time.perf_counter() - t0, self._decode_s
+        self.spec.observe_step(self._batch_tokens, decode_s)
         self.perf.add(step_s, decode_s, self._sample_s, n_dec, n_pre)
         self.publish(step_s, decode_s, n_dec, n_pre)
         return step_s
@@ -200,6 +221,7 @@ class StepLoop:
             slot.last_used = self._step_no
             seq.seq_id, seq.n_done, seq.cached = slot.seq_id, n_keep, n_keep
             seq.wakeups = self.wakeups
+            seq.spec = self.spec.state_for(seq.prompt, seq.request.speculative, seq.request.n_draft)
             self.running[slot.seq_id] = seq
             seq.started()  # the request holds a slot now: admission stops counting it as waiting
         return as_planned
@@ -224,9 +246,14 @@ class StepLoop:
     # --- decode ---------------------------------------------------------------------
     def _fill(self, batch: Batch, chunks: list[Chunk]) -> None:
         batch.clear()
+        self._batch_tokens = 0
         for ch in chunks:
             seq = self.running[ch.seq_id]
-            if ch.decode:
+            if ch.decode and seq.spec is not None and seq.spec.draft:
+                seq.out_idx = batch.add_tokens(ch.seq_id, [seq.pending_tok, *seq.spec.draft],
+                                               len(self.slots[ch.seq_id].tokens))
+                self._batch_tokens += len(seq.spec.draft)
+            elif ch.decode:
                 seq.out_idx = batch.add_token(ch.seq_id, seq.pending_tok, len(self.slots[ch.seq_id].tokens))
             else:
                 p0 = seq.n_done
@@ -244,12 +271,15 @@ class StepLoop:
         ctx, batch = live.ctx, live.batch
         while chunks:
             self._fill(batch, chunks)
+            self._batch_tokens += sum(ch.n for ch in chunks)
             td = time.perf_counter()
             rc = batch.decode(ctx.ptr)
             self._decode_s += time.perf_counter() - td
             if rc == 0:
                 self._commit(chunks)
                 return chunks
+            if rc == 1 and self._drop_drafts(chunks):
+                continue  # without the drafts it may fit
             if rc == 1:
                 log.warning("KV cache full for a batch of %d sequences; retrying smaller", len(chunks))
                 prefill = [c for c in chunks if not c.decode]
@@ -272,58 +302,22 @@ class StepLoop:
             if ch.decode:
                 slot.tokens.append(seq.pending_tok)
                 seq.pending_tok = -1
+                if seq.spec is not None and seq.spec.draft:
+                    slot.tokens.extend(seq.spec.draft)  # in the KV now; _verify trims what fails
             else:
                 slot.tokens.extend(seq.prompt[seq.n_done : seq.n_done + ch.n])
                 seq.n_done += ch.n
                 if seq.n_done == len(seq.prompt):
                     slot.state = SlotState.DECODE
 
-    # --- sample and deliver -------------------------------------------------------------
-    def _sample(self, live: Live, seq: Sequence) -> None:
-        """Sample one token for `seq` and hand its text over; errors fail this sequence only."""
-        try:
-            ctx, model = live.ctx, live.model
-            assert seq.sampler is not None
-            ts = time.perf_counter()
-            tok = seq.sampler.sample(ctx.ptr, seq.out_idx)
-            self._sample_s += time.perf_counter() - ts
-            if self.sample_hook is not None:
-                tok = self.sample_hook(seq.request, tok)
-            seq.n_gen += 1
-            seq.n_unreported += 1
-            if seq.t_first_s < 0:
-                seq.t_first_s = self.clock.monotonic()
-            if model.is_eog(tok):
-                self._end(seq, FinishReason.STOP)
-                return
-            if seq.request.logprobs is not None:
-                seq.pending_logprobs.append(self._logprob(live, seq, tok))
-            text = seq.stream.feed(model.piece(tok))
-            if seq.stream.stopped:
-                seq.emit(text)
-                self._end(seq, FinishReason.STOP)
-            elif seq.n_gen >= seq.max_tokens or len(self.slots[seq.seq_id].tokens) >= live.n_ctx_seq:
-                seq.emit(text)
-                self._end(seq, FinishReason.LENGTH)
-            else:
-                seq.pending_tok = tok
-                seq.emit(text)
-        except Exception as exc:
-            log.warning("request %s failed while sampling: %s", seq.handle.request_id, exc)
-            err = exc if isinstance(exc, EdgeError) else DecodeFailed(-1, f"sampling failed: {exc}")
-            self._fail(seq, err)
-
-    def _logprob(self, live: Live, seq: Sequence, tok: int) -> TokenLogprob:
-        model = live.model
-        assert seq.request.logprobs is not None
-        lp, top = token_logprobs(live.ctx.ptr, seq.out_idx, model.n_vocab, tok, seq.request.logprobs)
-
-        def piece(t: int) -> tuple[str, bytes]:
-            raw = model.piece(t)
-            return raw.decode("utf-8", "replace"), raw
-
-        text, raw = piece(tok)
-        return TokenLogprob(text, raw, lp, tuple((*piece(t), v) for t, v in top))
+    def _drop_drafts(self, chunks: list[Chunk]) -> bool:
+        dropped = False
+        for ch in chunks:
+            sp = self.running[ch.seq_id].spec
+            if ch.decode and sp is not None and sp.draft:
+                sp.draft = []
+                dropped = True
+        return dropped
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
         self._finish(seq, reason, free_kv=False)
@@ -391,6 +385,10 @@ class StepLoop:
             interactive_awaiting_first=sum(1 for q in self.running.values()
                                            if q.request.priority is Priority.INTERACTIVE and q.n_gen == 0),
             **self._embed_counts(),
+            speculative=self.spec.mode,
+            spec_drafted=self.spec.drafted,
+            spec_accepted=self.spec.accepted,
+            spec_draft_len=self.spec.last_draft_len,
         )
 
     def _embed_counts(self) -> dict[str, int]:

@@ -7,6 +7,7 @@ model and `edge sim` runs the same rules as the engine:
     waiting queue --plan_admissions--> slot (longest cached prefix; LRU prompt caches evicted for room)
     slot holders  --select_active----> active | parked   (Knobs.active_limit)
     active seqs   --plan_batch-------> one batch: 1 token per decoding seq + prompt chunks in the budget
+    decoding seqs --plan_drafts------> each one's draft length (speculative decoding; speculative.py)
     knobs         --plan_step--------> this step's threads; `duty_after`: the pause or off-duty time owed
     embeddings    --embed_turn-------> beside chat, a batch only once chat has had its share of the time
 """
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from edge.runtime.speculative import DraftAsk, StepCost, choose_drafts
 from edge.runtime.types import Knobs, Priority
 
 EMBED_SHARE = 0.5  # of the engine's time embeddings may take while chat sequences run
@@ -213,6 +215,8 @@ class StepView:
     running: tuple[SeqView, ...] = ()
     waiting: tuple[WaitView, ...] = ()
     off_owed_s: float = 0.0
+    draft_asks: tuple[DraftAsk, ...] = ()  # decoding sequences' guesses (speculative decoding)
+    step_cost: tuple[tuple[int, float], ...] = ()  # measured seconds of a step by batch tokens
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,7 @@ class StepPlan:
     active: tuple[int, ...] = ()
     parked: tuple[int, ...] = ()
     chunks: tuple[Chunk, ...] = ()
+    drafts: tuple[tuple[int, int], ...] = ()  # (seq id, draft tokens verified beside its token)
 
     @property
     def n_decode(self) -> int:
@@ -313,7 +318,29 @@ def plan_step(view: StepView, knobs: Knobs) -> StepPlan:
     run = [v for v in running if v.seq_id in active_set]
     budget = view.token_budget if any(v.n_prompt_left == 0 for v in run) else view.batch_capacity
     chunks = plan_batch(run, view.batch_capacity, budget)
-    return StepPlan(threads, off_step, True, tuple(admits), tuple(active), tuple(parked), tuple(chunks))
+    drafts = plan_drafts(view, knobs, chunks)
+    return StepPlan(threads, off_step, True, tuple(admits), tuple(active), tuple(parked), tuple(chunks),
+                    drafts)
+
+
+def plan_drafts(view: StepView, knobs: Knobs, chunks: Sequence[Chunk]) -> tuple[tuple[int, int], ...]:
+    """Each decoding sequence's draft length for this step: none while the scheduler cuts load
+    (`knobs.speculate`), else what maximises the step's expected tokens per second given each
+    sequence's acceptance and the measured step cost (`speculative.choose_drafts`), within
+    what the batch has room for."""
+    if not knobs.speculate or not view.draft_asks:
+        return ()
+    decoding = {c.seq_id for c in chunks if c.decode}
+    asks = [a for a in view.draft_asks if a.seq_id in decoding]
+    base = sum(c.n for c in chunks)
+    room = view.batch_capacity - base
+    out: list[tuple[int, int]] = []
+    for sid, n in sorted(choose_drafts(asks, base, StepCost.from_table(view.step_cost)).items()):
+        n = min(n, room)
+        if n > 0:
+            out.append((sid, n))
+            room -= n
+    return tuple(out)
 
 
 # --- after a step ----------------------------------------------------------------------

@@ -82,6 +82,10 @@ class GenerationRequest:
     add_bos: bool = True
     # log probabilities: None off (no cost); n >= 0: each token's own, plus its n most likely alternatives
     logprobs: int | None = None
+    # speculative decoding: None lets the engine choose (adaptive); False off; True on (the engine
+    # refuses it where the context cannot roll back). n_draft caps the drafted tokens per step.
+    speculative: bool | None = None
+    n_draft: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,9 @@ class Knobs:
     admit_background: bool = True  # start new background sequences
     # the rest of the duty cycle: 0 idles between steps; k (< n_threads) steps with k threads instead
     off_threads: int = 0
+    # speculative decoding allowed (the controller turns it off while it cuts load below full:
+    # verifying guesses that fail spends energy on tokens thrown away)
+    speculate: bool = True
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,10 @@ class EngineStats:
     embed_batches: int = 0  # embedding batches run (runtime/embed.py), cumulative
     embed_inputs: int = 0  # inputs embedded, cumulative
     chat_steps_with_embed: int = 0  # decode steps that also ran an embedding batch (chat delayed)
+    speculative: str = "off"  # the engine's mode: off, ngram, draft
+    spec_drafted: int = 0  # draft tokens verified, cumulative
+    spec_accepted: int = 0  # of those, accepted, cumulative
+    spec_draft_len: float = 0.0  # mean draft length per decoding sequence in the last step
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,11 @@ def shape_knobs(th: Thermal, mem: MemoryVerdict, threads: ThreadsVerdict, queue:
         tags = (*tags, "contention:threads")
     if threads.reason:
         reason = f"{reason}; {threads.reason}" if reason else threads.reason
+    # speculative decoding only at full load: a guess that fails is work thrown away, and the
+    # controller cutting threads or duty is saving exactly that work
+    full = level.knobs.duty >= 1.0 and level.knobs.n_threads >= cfg.max_threads and not knobs.paused
+    if not full and knobs.speculate:
+        knobs = replace(knobs, speculate=False)  # visible as the knob (edge_knob_speculate)
     return Shaped(knobs, reason, tags)
 
 

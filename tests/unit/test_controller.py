@@ -525,3 +525,11 @@ def test_pre_guard_cuts_when_a_reading_right_under_the_guard_rises_fast() -> Non
     low = inp(100.0, T_SET, raw_temp_c=T_SET, fast_slope_c_per_s=0.3)
     d_low, _ = decide(low, Q, running, st, CFG_T)
     assert "limiting:pre_guard" not in d_low.throttle_reasons
+
+
+def test_speculation_only_at_full_load() -> None:
+    (cool,), _ = run([inp(0, T_ON - 5)])
+    assert cool.knobs.speculate  # full speed: drafts may pay
+    (hot,), _ = run([inp(0, T_SET + 1, slope=0.3)])
+    assert hot.knobs.duty < 1.0 or hot.knobs.n_threads < CFG.max_threads or hot.knobs.paused
+    assert not hot.knobs.speculate  # the controller is cutting work: no tokens thrown away

@@ -64,6 +64,10 @@ class FakeBatch:
         self.rows.append((seq_id, token, pos))
         return len(self.rows) - 1
 
+    def add_tokens(self, seq_id: int, tokens: list[int], pos0: int) -> int:
+        self.rows.extend((seq_id, t, pos0 + j) for j, t in enumerate(tokens))
+        return len(self.rows) - len(tokens)
+
     def add_prompt(self, seq_id: int, tokens: list[int], pos0: int, logits_last: bool) -> int:
         self.rows.extend((seq_id, t, pos0 + j) for j, t in enumerate(tokens))
         return len(self.rows) - 1
@@ -275,3 +279,62 @@ def test_the_mailbox_hands_over_everything_at_once_and_refuses_work_once_drainin
         box.post(_seq([3], [EOS]))
     box.ask_stop()
     assert box.take(False, lambda: False, lambda: 0.0).stopping
+
+
+# --- speculative decoding ------------------------------------------------------------------
+
+
+def _spec_loop() -> tuple[StepLoop, FakeCtx, FakeBatch]:
+    from edge.runtime.spec_step import Speculation
+
+    ctx, batch = FakeCtx(), FakeBatch()
+    box = Mailbox(Knobs(2, 2))
+    box.set_state(EngineState.READY)
+    loop = StepLoop(box, FakeResidency(ctx, batch), ManualClock(), 2, 8,  # type: ignore[arg-type]
+                    speculation=Speculation("ngram", 4))
+    return loop, ctx, batch
+
+
+def _spec_seq(prompt: list[int], out: list[int], max_tokens: int = 8) -> Sequence:
+    req = GenerationRequest(prompt, max_tokens=max_tokens, speculative=True)
+    return Sequence(req, prompt, FakeSampler(out), RequestHandle("r"),  # type: ignore[arg-type]
+                    admission_key(Priority.INTERACTIVE, next(_arrival)), 0.0)
+
+
+def test_a_draft_is_verified_in_one_batch_and_its_rejected_tail_removed() -> None:
+    loop, ctx, batch = _spec_loop()
+    # prompt "1 2 3 4 1 2": after sampling 3 the drafter guesses 4 1 2 3 (the earlier "1 2 3 ..")
+    seq = _spec_seq([1, 2, 3, 4, 1, 2], [3, 4, 1, 9, 5, EOS])
+    _submit(loop, seq)
+    _run(loop)
+    assert batch.decoded[0] == [(0, t, i) for i, t in enumerate([1, 2, 3, 4, 1, 2])]
+    # step 2: pending 3 at position 6 plus the draft 4 1 2 3, every row with logits
+    assert batch.decoded[1] == [(0, 3, 6), (0, 4, 7), (0, 1, 8), (0, 2, 9), (0, 3, 10)]
+    # rows: 4 accepted, 1 accepted, then 9 != 2: the KV of drafted "2 3" (positions 9, 10) goes
+    assert (0, 9, -1) in ctx.removed
+    assert batch.decoded[2][0] == (0, 9, 9)  # the correction token is the next pending one
+    events = list(seq.handle)
+    assert "".join(e.text for e in events) == "<3><4><1><9><5>"
+    assert loop.slots[0].tokens == [1, 2, 3, 4, 1, 2, 3, 4, 1, 9, 5]  # exactly what the KV holds
+    assert loop.stats is not None and loop.stats.spec_drafted >= 4 and loop.stats.spec_accepted >= 2
+
+
+def test_a_sequence_ending_inside_its_draft_keeps_only_what_it_emitted() -> None:
+    loop, ctx, batch = _spec_loop()
+    seq = _spec_seq([1, 2, 3, 4, 1, 2], [3, 4, EOS])
+    _submit(loop, seq)
+    _run(loop)
+    assert len(batch.decoded) == 2  # the prompt, then one verify step that ended the request
+    assert (0, 8, -1) in ctx.removed  # drafted 1 2 3 after the accepted 4: removed
+    assert loop.slots[0].tokens == [1, 2, 3, 4, 1, 2, 3, 4]
+    assert list(seq.handle)[-1].finish_reason is FinishReason.STOP
+
+
+def test_knob_off_means_no_drafts() -> None:
+    loop, _ctx, batch = _spec_loop()
+    seq = _spec_seq([1, 2, 3, 4, 1, 2], [3, 4, 1, 2, EOS])
+    loop.mailbox.set_knobs(Knobs(2, 2, speculate=False))
+    _submit(loop, seq)
+    assert not loop.knobs.speculate
+    _run(loop)
+    assert all(len(rows) == 1 for rows in batch.decoded[1:])  # one token per step

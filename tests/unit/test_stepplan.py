@@ -220,3 +220,21 @@ def test_embeddings_take_at_most_their_share_beside_chat_and_every_step_alone() 
         ran += t.run
     assert ran == 10  # one batch per 4 chat steps: embeddings took 10 * 0.25 s of 5 s, their share
     assert ran * embed_s / (ran * embed_s + 40 * chat_s) <= EMBED_SHARE
+
+
+def test_plan_gives_decoding_sequences_drafts_only_while_speculation_is_allowed() -> None:
+    from edge.runtime.speculative import DraftAsk
+
+    cost = tuple((n, 0.010 + 0.0005 * (n - 1)) for n in range(1, 20))  # verifying is cheap
+    slots = (SlotView(0, SlotState.DECODE, 0, 10), SlotView(1, SlotState.DECODE, 0, 10))
+    view = StepView(n_ctx=256, batch_capacity=64, token_budget=32, slots=slots,
+                    running=(SeqView(0, (0, 0), 0), SeqView(1, (0, 1), 0)),
+                    draft_asks=(DraftAsk(0, 6, 0.9), DraftAsk(1, 6, 0.02)), step_cost=cost)
+    plan = plan_step(view, Knobs(2, 2))
+    assert dict(plan.drafts) == {0: 6}  # the good guesser drafts, the bad one does not
+    assert plan_step(view, Knobs(2, 2, speculate=False)).drafts == ()
+    parked = plan_step(view, Knobs(1, 2))  # sequence 1 parked, 0 runs
+    assert dict(parked.drafts) == {0: 6}
+    tight = StepView(n_ctx=256, batch_capacity=5, token_budget=32, slots=slots, running=view.running,
+                     draft_asks=view.draft_asks, step_cost=cost)
+    assert dict(plan_step(tight, Knobs(2, 2)).drafts) == {0: 3}  # what the batch has room for

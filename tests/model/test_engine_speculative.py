@@ -1,0 +1,193 @@
+"""Speculative decoding on the real SmolLM2: same greedy text, KV never leaks, guesses accepted;
+models that cannot roll back refuse it; a draft model must share the vocabulary."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge.errors import DraftVocabMismatch, InvalidRequest
+from edge.runtime import Engine, GenerationRequest, SamplingParams
+from edge.runtime.types import FinishReason
+
+pytestmark = pytest.mark.model
+
+GREEDY = SamplingParams(temperature=0.0)
+TEXT = ("The bridge has five arches and was made for horses and carts. Engineers found that water had "
+        "washed away some of the stones under the middle arch. Repairs will start in the summer.")
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+
+
+def _chat(user: str) -> str:
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+# 20 prompts, half of them answers that copy the prompt (where drafts are accepted), half free-form
+PROMPTS = [
+    _chat(f"Repeat this sentence exactly: {TEXT}"),
+    _chat(f"Rewrite this code, renaming add to plus:\n{CODE}"),
+    _chat(f"Summarise in one sentence: {TEXT}"),
+    _chat(f"Quote the sentence about repairs from this text: {TEXT}"),
+    _chat("Count from 1 to 30, separated by commas."),
+    _chat("List the days of the week, twice."),
+    _chat(f"Add a docstring to each function:\n{CODE}"),
+    _chat("Write the alphabet in capital letters with spaces."),
+    _chat("Repeat the word hello ten times."),
+    _chat(f"Translate this code to JavaScript:\n{CODE}"),
+    _chat("Write a short story about a cat."),
+    _chat("What is the capital of France?"),
+    _chat("Give me three tips for sleeping well."),
+    _chat("Explain what a bridge is to a child."),
+    _chat("Write a haiku about the sea."),
+    _chat("Why is the sky blue?"),
+    _chat("Name five fruits."),
+    _chat("What is 12 times 12?"),
+    "def fibonacci(n):",
+    "Once upon a time",
+]
+
+
+@pytest.fixture(scope="module")
+def pair(smollm2_path: Path) -> Iterator[tuple[Engine, Engine]]:
+    # n_ctx 256: llama.cpp's CPU flash attention evaluates a one-query batch with a different
+    # summation order (split over the KV) once the KV view reaches 512 cells, so a verify batch
+    # and a one-token step give bit-identical logits only below that (see README); the tokens
+    # are the same, the engine's bookkeeping is what this compares
+    off = Engine(smollm2_path, n_ctx=256, n_slots=1, n_threads=2, speculative="off")
+    on = Engine(smollm2_path, n_ctx=256, n_slots=1, n_threads=2, speculative="ngram")
+    with off, on:
+        yield off, on
+
+
+def test_greedy_text_is_identical_with_and_without_speculation(pair: tuple[Engine, Engine]) -> None:
+    off, on = pair
+    for p in PROMPTS:
+        a = off.complete(p, max_tokens=48, temperature=0.0, add_bos=False)
+        b = on.complete(p, max_tokens=48, temperature=0.0, add_bos=False, speculative=True)
+        assert b.text == a.text, p
+        assert b.usage.completion_tokens == a.usage.completion_tokens
+    st = on.stats()
+    assert st.speculative == "ngram" and st.spec_drafted > 0 and st.spec_accepted > 0
+    assert off.stats().spec_drafted == 0
+
+
+def test_repetitive_prompt_accepts_drafts_in_fewer_steps(pair: tuple[Engine, Engine]) -> None:
+    _, on = pair
+    before = on.stats()
+    on.perf.reset()
+    res = on.complete(PROMPTS[0], max_tokens=48, temperature=0.0, add_bos=False, speculative=True)
+    st = on.stats()
+    accepted = st.spec_accepted - before.spec_accepted
+    assert accepted > 10, (st.spec_drafted - before.spec_drafted, accepted)
+    assert on.perf.steps < res.usage.completion_tokens  # several tokens per step
+
+
+def test_slot_tokens_match_the_kv_after_speculation(pair: tuple[Engine, Engine]) -> None:
+    _, on = pair
+    on.complete(PROMPTS[1], max_tokens=40, temperature=0.0, add_bos=False, speculative=True)
+    ctx = on.residency.ctx
+    assert ctx is not None
+    for slot in on._loop.slots:  # idle now: the prompt cache must be exactly what the KV holds
+        assert ctx.seq_pos_max(slot.seq_id) == len(slot.tokens) - 1
+
+
+def test_seeded_sampling_is_reproducible_with_speculation(pair: tuple[Engine, Engine]) -> None:
+    off, on = pair
+    kw = dict(max_tokens=40, temperature=0.8, seed=42, add_bos=False)
+    a = off.complete(PROMPTS[0], **kw)  # type: ignore[arg-type]
+    b = on.complete(PROMPTS[0], speculative=True, **kw)  # type: ignore[arg-type]
+    assert a.text == b.text  # one random draw per emitted token, in the same order
+
+
+def test_hundred_cancels_mid_verify_leave_no_kv_cells(smollm2_path: Path) -> None:
+    with Engine(smollm2_path, n_ctx=2048, n_slots=4, n_threads=2, speculative="ngram") as eng:
+        handles: dict[str, object] = {}
+        rng = random.Random(7)
+        cancel_at: dict[str, int] = {}
+
+        def hook(req: GenerationRequest, tok: int) -> int:
+            # called for every verified row: cancel in the middle of a verify step
+            n = cancel_at.get(req.request_id)
+            if n is not None:
+                cancel_at[req.request_id] = n - 1
+                if n - 1 == 0:
+                    handles[req.request_id].cancel()  # type: ignore[attr-defined]
+            return tok
+
+        eng._loop.sample_hook = hook
+        for i in range(100):
+            rid = f"c{i}"
+            cancel_at[rid] = rng.randint(2, 20)
+            req = GenerationRequest(PROMPTS[i % 4], max_tokens=40, sampling=GREEDY, add_bos=False,
+                                    request_id=rid, speculative=True)
+            handles[rid] = eng.submit(req)
+            if i % 2:  # and from another thread, at a random moment
+                threading.Timer(rng.random() * 0.05, handles[rid].cancel).start()  # type: ignore[attr-defined]
+        reasons = [[ev.finish_reason for ev in h if ev.finish_reason is not None][-1]  # type: ignore[attr-defined]
+                   for h in handles.values()]
+        assert reasons.count(FinishReason.CANCELLED) >= 90, reasons
+        deadline = time.monotonic() + 10.0  # the final event goes out before the step's stats do
+        while eng.stats().kv_cells_used and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = eng.stats()
+        assert st.spec_drafted > 0
+        assert st.kv_cells_used == 0
+        assert all(s.state.value == "idle" for s in eng._loop.slots)
+        ctx = eng.residency.ctx
+        assert ctx is not None
+        for slot in eng._loop.slots:
+            assert ctx.seq_pos_max(slot.seq_id) == len(slot.tokens) - 1  # nothing beyond what is tracked
+
+
+def test_sliding_window_model_refuses_forced_speculation(gemma_path: Path) -> None:
+    with Engine(gemma_path, n_ctx=512, n_slots=1, n_threads=2, speculative="ngram") as eng:
+        with pytest.raises(InvalidRequest) as exc:
+            eng.submit(GenerationRequest("hello", max_tokens=4, speculative=True))
+        assert exc.value.param == "speculative" and "sliding-window" in str(exc.value)
+        res = eng.complete("hello", max_tokens=4, temperature=0.0)  # the engine's choice: plain decode
+        assert res.usage.completion_tokens >= 1
+        assert eng.stats().speculative == "off" and eng.stats().spec_drafted == 0
+
+
+def test_forcing_speculation_on_a_server_with_it_off_is_refused(pair: tuple[Engine, Engine]) -> None:
+    off, on = pair
+    with pytest.raises(InvalidRequest, match="off on this server"):
+        off.submit(GenerationRequest("hi", max_tokens=2, speculative=True))
+    with pytest.raises(InvalidRequest) as exc:
+        on.submit(GenerationRequest("hi", max_tokens=2, n_draft=99))
+    assert exc.value.param == "n_draft"
+
+
+def test_draft_model_with_another_vocabulary_is_refused(smollm2_path: Path, gemma_path: Path) -> None:
+    from edge.runtime.draft import check_draft_vocab
+    from edge.runtime.model import LlamaModel
+
+    target = LlamaModel(smollm2_path, vocab_only=True)
+    draft = LlamaModel(gemma_path, vocab_only=True)
+    same = LlamaModel(smollm2_path, vocab_only=True)
+    try:
+        with pytest.raises(DraftVocabMismatch) as exc:
+            check_draft_vocab(target, draft)
+        msg = str(exc.value)
+        assert "BPE vocabulary of 49152 tokens" in msg and "SPM vocabulary of 262144 tokens" in msg
+        assert exc.value.draft == draft.name and exc.value.target == target.name
+        check_draft_vocab(target, same)  # the same vocabulary passes
+    finally:
+        for m in (target, draft, same):
+            m.close()
+
+
+def test_serving_with_a_draft_model_of_another_vocabulary_is_refused_at_load(
+        smollm2_path: Path, gemma_path: Path) -> None:
+    from edge.config import Settings
+    from edge.errors import ConfigError
+
+    with pytest.raises(DraftVocabMismatch, match="SPM vocabulary of 262144 tokens"):
+        Engine.from_settings(str(smollm2_path), Settings(speculative="draft", draft_model=str(gemma_path)))
+    with pytest.raises(ConfigError, match="not built yet"):  # the same vocabulary: honest about the rest
+        Engine.from_settings(str(smollm2_path), Settings(speculative="draft", draft_model=str(smollm2_path)))
