@@ -264,5 +264,9 @@ def test_a_prompt_alone_is_not_chunked(smollm2_path: Path) -> None:
         prompt = [100] * 300
         eng.perf.reset()
         out = eng.complete(prompt, max_tokens=1, temperature=0.0)
+        # the answer is out before the engine thread books its step: wait for the booking
+        deadline = time.monotonic() + 10.0
+        while eng.perf.steps == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert out.usage.prompt_tokens == 300 and eng.perf.n_prefilled == 300
         assert eng.perf.steps == 1  # one step: 300 tokens in one batch, not five chunks of 64
