@@ -98,7 +98,7 @@ def test_non_loopback_bind_without_key_is_refused(smollm2_path: Path, tmp_path: 
         timeout=60,
         env={"PATH": "/usr/bin:/bin", "EDGE_MODELS_DIR": str(tmp_path)},
     )
-    assert res.returncode == 1
+    assert res.returncode == 2  # a configuration error (commands/exits.py)
     assert "--insecure" in res.stderr and "Traceback" not in res.stderr
 
 

@@ -8,7 +8,6 @@ are for the engine thread's answers.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,9 @@ from edge.runtime.types import FinishReason, Priority
 from edge.scheduler.admission import Admission
 from edge.scheduler.loop import SchedulerLoop
 from edge.scheduler.state import ControllerConfig, MemoryMode
+from edge.telemetry.detect import NullSource
+from edge.telemetry.monitor import LimitOrigin, MonitorReading
+from edge.telemetry.sample import Sample
 
 pytestmark = pytest.mark.model
 
@@ -27,19 +29,18 @@ GiB = 1 << 30
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@dataclass
-class Reading:
-    t_s: float
-    mem_available_bytes: int
-    temp_c: float = 45.0
-    slope_c_per_s: float = 0.0
-    limit_c: float = 99.0
-    kernel_throttling: bool = False
-    stale: bool = False
+def Reading(t_s: float, mem_available_bytes: int) -> MonitorReading:
+    """A cool device with `mem_available_bytes` free, as the shipped Monitor gives it to the loop."""
+    sample = Sample(t_s, "scripted", temp_c=45.0, limit_c=99.0, kernel_throttling=False,
+                    mem_available_bytes=mem_available_bytes)
+    return MonitorReading(t_s, "scripted", sample, 45.0, 45.0, 0.0, 99.0, None, LimitOrigin.SENSOR,
+                          False, 0.0, 1.0)
 
 
 class Memory:
     """Monitor stand-in whose MemAvailable the test sets."""
+
+    source = NullSource()
 
     def __init__(self) -> None:
         self.avail = 8 * GiB

@@ -92,13 +92,15 @@ def test_smaller_logits_chunks_give_the_same_figure(smollm2_quants: dict[str, Pa
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows read back after each llama_decode line up with their targets whatever the chunking:
     16 logits rows per decode (many chunks) scores as one big chunk does. F16 weights: with
-    quantized ones llama.cpp's small-batch kernels round differently (Q4_1: 0.16 % in PPL)."""
+    quantized ones llama.cpp's small-batch kernels round differently (Q4_1: 0.16 % in PPL).
+    Even in F16 the CPU attention sums in another order for another batch shape: 6.5e-5 on
+    this 2-core EPYC VM. A row read against the wrong target moves PPL by whole percents."""
     f16 = smollm2_quants["F16"]
     base = ppl_of(f16)
     monkeypatch.setattr(ppl_mod, "logits_rows", lambda n_vocab: 16)
     chunked = run_ppl(f16)
     assert chunked.n_scored == base.n_scored
-    assert abs(chunked.ppl - base.ppl) / base.ppl < 1e-5
+    assert abs(chunked.ppl - base.ppl) / base.ppl < 2e-4
 
 
 def test_quantizations_rank_by_precision(smollm2_path: Path, smollm2_quants: dict[str, Path],
