@@ -39,8 +39,8 @@ class Batch:
         return i
 
     def add_tokens(self, seq_id: int, tokens: Sequence[int], pos0: int) -> int:
-        """Tokens at positions pos0.. with logits on every row (a token and its draft, verified
-        together); returns the first row."""
+        """Tokens at positions pos0.. with logits (or embeddings) on every row: a token and its
+        draft verified together, an embedding input; returns the first row."""
         tok, pos, logits, seqp = self._tok, self._pos, self._logits, self._seq
         i0 = i = self.n
         for j, t in enumerate(tokens):
@@ -66,15 +66,6 @@ class Batch:
             logits[i - 1] = 1
         self.n = i
         return i - 1
-
-    def add_all(self, seq_id: int, tokens: Sequence[int], pos0: int) -> int:
-        """Tokens at positions pos0.. with logits (or embeddings) for every one; returns the first row."""
-        first = self.n
-        self.add_prompt(seq_id, tokens, pos0, logits_last=True)
-        logits = self._logits
-        for i in range(first, self.n):
-            logits[i] = 1
-        return first
 
     def decode(self, ctx_ptr: object) -> int:
         self.raw.n_tokens = self.n

@@ -149,7 +149,7 @@ class Embedder:
         b = self.batch
         b.clear()
         for s, (job, i) in enumerate(picks):
-            b.add_all(s, job.inputs[i], 0)
+            b.add_tokens(s, job.inputs[i], 0)
         self.ctx.clear()
         rc = b.encode(self.ctx.ptr) if self._encoder_only else b.decode(self.ctx.ptr)
         if rc != 0:
