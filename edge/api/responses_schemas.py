@@ -24,6 +24,7 @@ from edge.api.schemas import (
     ToolDef,
     _Sampling,
     _utf8,
+    check_extras,
     parse_model,
 )
 from edge.errors import InvalidRequest
@@ -220,14 +221,7 @@ class ResponsesRequest(_Sampling):
 def parse_responses_request(data: Any) -> ResponsesRequest:
     """Validate the body, then the unsupported-parameter policy (400 naming the parameter)."""
     body = parse_model(ResponsesRequest, data)
-    for name, value in (body.model_extra or {}).items():
-        if name in IGNORED or value is None:
-            continue
-        if name in DEFAULT_ONLY:
-            if value in DEFAULT_ONLY[name]:
-                continue
-            raise InvalidRequest(f"parameter {name}={value!r} is not supported by this server", name)
-        raise InvalidRequest(f"unsupported parameter: {name}", name)
+    check_extras(body, IGNORED, DEFAULT_ONLY)
     if body.reasoning is not None and body.reasoning.effort not in NO_REASONING:
         raise InvalidRequest(f"reasoning.effort {body.reasoning.effort!r}: the served model does not reason "
                              "(send none, or leave reasoning out)", "reasoning.effort")

@@ -317,13 +317,15 @@ class EmbeddingRequest(BaseModel):
 
 
 
-def _check_extras(model: BaseModel) -> None:
-    """Reject non-default values of parameters we do not implement."""
+def check_extras(model: BaseModel, ignored: frozenset[str] = IGNORED_PARAMS,
+                 default_only: dict[str, tuple[Any, ...]] = DEFAULT_ONLY) -> None:
+    """Reject non-default values of parameters we do not implement (400 naming the parameter);
+    `ignored` ones pass, and so does any parameter sent as null."""
     for name, value in (model.model_extra or {}).items():
-        if name in IGNORED_PARAMS or value is None:
+        if name in ignored or value is None:
             continue
-        if name in DEFAULT_ONLY:
-            if value in DEFAULT_ONLY[name]:
+        if name in default_only:
+            if value in default_only[name]:
                 continue
             raise InvalidRequest(f"parameter {name}={value!r} is not supported by this server", name)
         raise InvalidRequest(f"unsupported parameter: {name}", name)
@@ -349,7 +351,7 @@ def parse_model(cls: type[M], data: Any) -> M:
 def parse_body(cls: type[_SamplingFields], data: Any) -> Any:
     """`parse_model` for the completion endpoints, then their unsupported-parameter policy."""
     parsed = parse_model(cls, data)
-    _check_extras(parsed)
+    check_extras(parsed)
     return parsed
 
 
