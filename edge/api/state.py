@@ -86,7 +86,9 @@ class ApiState:
     ollama_cache: dict[str, Any] = field(default_factory=dict)  # model facts read once (api/ollama_models)
 
     def check_model(self, name: str) -> None:
-        if name not in self.model_names:
+        """Ollama's tag for an untagged name ("x:latest", what /api/tags lists) is accepted on every
+        route, as Ollama's own OpenAI-compatible routes accept it."""
+        if name not in self.model_names and name.removesuffix(":latest") not in self.model_names:
             raise ModelNotFound(name, f"this server serves {self.model_id!r}")
 
     def scheduler_status(self) -> dict[str, Any] | None:

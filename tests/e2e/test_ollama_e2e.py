@@ -209,14 +209,19 @@ def test_overload_is_503_with_retry_after_under_the_scheduler(smollm2_path: Path
     s = start_server(smollm2_path, "--slots", "1", "--max-queue", "0", "--ctx", "1024", "--threads", "1")
     name = httpx.get(s.url + "/api/tags").json()["models"][0]["model"]
     body = {"model": name, "messages": ASK, "options": {"num_predict": 400}}
-    with httpx.stream("POST", s.url + "/api/chat", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        next(lines)  # it holds the slot now
+    # The holder may not end early: "Name three colours." ends in ~20 tokens on a fast CPU, which
+    # freed the slot before the refusals were asked. SmolLM2's end tokens (0, 2) are banned.
+    holder = {"model": name, "messages": ASK, "max_tokens": 900, "stream": True,
+              "logit_bias": {"0": -100, "2": -100}}
+    with httpx.stream("POST", s.url + "/v1/chat/completions", json=holder, timeout=120) as r:
+        lines = (line for line in r.iter_lines() if line)
+        assert "content" in next(line for line in lines if '"content"' in line)  # it holds the slot
         refused = httpx.post(s.url + "/api/chat", json={**body, "stream": False}, timeout=60)
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
         assert set(refused.json()) == {"error"}
         with pytest.raises(ollama.ResponseError) as exc:
             ollama.Client(host=s.url).generate(model=name, prompt="hi")
         assert exc.value.status_code == 503
+        assert "[DONE]" not in next(lines)  # still holding after both
     ok = ollama.Client(host=s.url, timeout=120).chat(model=name, messages=ASK, options=GREEDY)
     assert ok.done

@@ -297,6 +297,9 @@ def test_unknown_model_is_404_and_aliases_work(client_engine: tuple[TestClient, 
     assert r.json()["error"]["type"] == "not_found_error"
     assert "scripted-model" in r.json()["error"]["message"]
     assert client.post("/v1/chat/completions", json={**CHAT, "model": "alias.gguf"}).status_code == 200
+    tagged = client.post("/v1/chat/completions", json={**CHAT, "model": "scripted-model:latest"})
+    assert tagged.status_code == 200 and tagged.json()["model"] == "scripted-model:latest"  # Ollama's tag
+    assert client.post("/v1/chat/completions", json={**CHAT, "model": "gpt-4:latest"}).status_code == 404
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == ["scripted-model"]
