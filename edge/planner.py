@@ -26,6 +26,9 @@ false), flash attention on (llama.cpp's "auto" picks it on CPU, CUDA and Metal).
              measured), the logits output buffer n_vocab × 4 × slots, and
              context bookkeeping.
   reserve  = memory left to the OS and other programs (device profile).
+  draft    = a draft model's (--speculative draft) weights, KV for the same cells and slots,
+             compute buffer, vocabulary and logits rows, planned by the same terms; it goes
+             where the served model's layers go (the GPU when any are offloaded).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class MemoryPlan:
     n_ctx_train: int
     n_layer: int
     reason: str  # why it does not fit, or "" when it does
+    draft_bytes: int = 0  # the draft model's part of total_bytes (speculative decoding)
 
     @property
     def shortfall_bytes(self) -> int:
@@ -97,6 +101,7 @@ class MemoryPlan:
             "reserve_bytes",
             "total_bytes",
             "available_bytes",
+            "draft_bytes",
         )
         d = asdict(self)
         return {k: d[k] for k in keys}
@@ -125,6 +130,8 @@ class MemoryPlan:
             f"llama.cpp libraries {mib(self.library_bytes).strip()}, "
             f"vocabulary {mib(self.vocab_bytes).strip()}, "
             f"logits output {mib(self.output_bytes).strip()}, bookkeeping",
+            *([f"draft    {mib(self.draft_bytes)}  the draft model (speculative decoding): weights, "
+               f"kv cache, compute, vocabulary"] if self.draft_bytes else []),
             f"reserve  {mib(self.reserve_bytes)}  left free for the OS and other programs",
             f"total    {mib(self.total_bytes)}  of {mib(self.available_bytes).strip()} available"
             + (" (one pool shared by CPU and GPU)" if self.unified_memory else " RAM"),
@@ -253,8 +260,9 @@ def plan_memory(
     n_outputs_max: int | None = None,
     flash_attn: bool = True,
     swa_full: bool = False,
+    draft: GGUFInfo | None = None,
 ) -> MemoryPlan:
-    """Plan memory for `info`.
+    """Plan memory for `info` (and `draft`, a draft model beside it, at the same context).
 
     n_ctx None: the largest context (multiple of 256, at most n_ctx_train) that
     fits. gpu_layers "auto": the most layers that fit (0 without a GPU, which is
@@ -283,6 +291,7 @@ def plan_memory(
             n_outputs_max=n_outputs_max,
             flash_attn=flash_attn,
             swa_full=swa_full,
+            draft=draft,
         )
 
     ctx_cap = max(CTX_PAD, (info.n_ctx_train // CTX_PAD) * CTX_PAD) if info.n_ctx_train else 4096
@@ -336,6 +345,7 @@ def _build(
     n_outputs_max: int | None,
     flash_attn: bool,
     swa_full: bool,
+    draft: GGUFInfo | None = None,
 ) -> MemoryPlan:
     kv_layers = kv_bytes_by_layer(info, n_ctx, n_slots, kv_type, min(n_ubatch, n_batch), swa_full)
     split = _split(info, ngl, kv_layers)
@@ -355,13 +365,15 @@ def _build(
     weights = split.weights_gpu + split.weights_cpu
     kv = split.kv_gpu + split.kv_cpu
     discrete_gpu = ngl > 0 and not unified_memory
-    gpu_bytes = split.weights_gpu + split.kv_gpu + (compute if ngl > 0 else 0)
+    drafted = 0 if draft is None else draft_model_bytes(draft, n_ctx, n_slots, kv_type, n_batch, n_ubatch,
+                                                        flash_attn, swa_full)
+    gpu_bytes = split.weights_gpu + split.kv_gpu + (compute if ngl > 0 else 0) + (drafted if ngl > 0 else 0)
     if discrete_gpu:
         # RAM holds what stayed on the CPU plus a host-side compute buffer.
         ram = split.weights_cpu + split.kv_cpu + (compute if ngl < info.n_layer + 1 else 0) + overhead
         total = ram + reserve_bytes
     else:
-        total = weights + kv + compute + overhead + reserve_bytes
+        total = weights + kv + compute + overhead + reserve_bytes + drafted
     reason = ""
     if total > available_bytes:
         need = total - reserve_bytes
@@ -402,4 +414,19 @@ def _build(
         n_ctx_train=info.n_ctx_train,
         n_layer=info.n_layer,
         reason=reason,
+        draft_bytes=drafted,
     )
+
+
+def draft_model_bytes(info: GGUFInfo, n_ctx: int, n_slots: int, kv_type: str, n_batch: int, n_ubatch: int,
+                      flash_attn: bool = True, swa_full: bool = False) -> int:
+    """A draft model's bytes beside the served one (runtime/draft_model.py): its weights, a KV
+    cache of the same cells and sequences, its compute buffer (one logits row per sequence),
+    vocabulary, logits rows and context bookkeeping; the process and libraries are shared."""
+    kv_layers = kv_bytes_by_layer(info, n_ctx, n_slots, kv_type, min(n_ubatch, n_batch), swa_full)
+    split = _split(info, 0, kv_layers)
+    compute = compute_bytes(info, n_ctx, n_slots, n_batch=n_batch, n_ubatch=n_ubatch, n_outputs_max=n_slots,
+                            flash_attn=flash_attn, swa_full=swa_full)
+    vocab = VOCAB_BYTES_PER_ENTRY * (info.n_vocab + info.n_merges)
+    logits = info.n_vocab * 4 * n_slots
+    return split.weights_cpu + split.kv_cpu + compute + vocab + logits + CONTEXT_MISC_BYTES

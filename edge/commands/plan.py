@@ -40,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-layers", default=None, help="layers on the GPU, or auto")
     p.add_argument("--profile", default=None, help="device profile (configs/devices), default: detected")
     p.add_argument("--reserve", default=None, help="memory left free (default: from the profile)")
+    p.add_argument("--draft-model", default=None,
+                   help="plan a draft model beside it (--speculative draft): a .gguf path or store name")
     p.add_argument("--json", action="store_true", help="print stable JSON keys")
     add_settings_args(p)
     p.set_defaults(func=run)
@@ -121,7 +123,12 @@ def build_plan(
     flags = {"n_ctx": n_ctx, "slots": n_slots, "kv_type": kv_type, "memory_reserve_bytes": reserve,
              "gpu_layers": gpu_layers}
     sized = settings.model_copy(update={k: v for k, v in flags.items() if v is not None})
-    plan = size_for(info, sized, profile, memory if memory is not None else available_bytes(), gpu_memory)
+    draft_ref = args.draft_model or (settings.draft_model if settings.speculative == "draft" else None)
+    draft = validate_gguf(resolve_model_path(draft_ref, args)) if draft_ref else None
+    if draft is not None:
+        sized = sized.model_copy(update={"speculative": "draft", "draft_model": str(draft_ref)})
+    plan = size_for(info, sized, profile, memory if memory is not None else available_bytes(), gpu_memory,
+                    draft)
     return path, plan
 
 

@@ -38,6 +38,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--sweep", action="store_true", help="find the best never-throttling constant")
     p.add_argument("--seed", type=int, action="append",
                    help="repeatable: run every scenario once per seed (default 7); rows carry `seed`")
+    p.add_argument("--speculative", choices=("off", "ngram"), default="off",
+                   help="the engine speculates (prompt lookup, draft up to 8) as its step plan chooses")
     p.set_defaults(func=run)
 
 
@@ -57,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
     for seed, profile, sc in ((sd, pr, sc) for sd in seeds for pr in profiles for sc in scenarios):
         by_policy: dict[str, dict[str, Any]] = {}
         for pol in policies:
-            m = run_scenario(sc, pol, profile, tp, args.duration_s, seed)
+            m = run_scenario(sc, pol, profile, tp, args.duration_s, seed,
+                             draft_max=8 if args.speculative == "ngram" else 0)
             row = {k: m.as_dict()[k] for k in JSON_KEYS}
+            row.update({k: m.extra[k] for k in ("spec_drafted", "spec_accepted") if k in m.extra})
             row.update(profile=profile, seed=seed, lost_without_error=m.lost_without_error,
                        shed_with_error=m.shed_with_error, rejected_with_error=m.rejected_with_error)
             row.update({k: m.extra[k] for k in POWER_KEYS if k in m.extra})

@@ -107,7 +107,7 @@ class Delivery:
             return False
         seq.pending_tok = tok
         if seq.spec is not None:
-            seq.spec.drafter.extend((tok,))
+            seq.spec.commit(tok)
         seq.emit(text)
         return True
 

@@ -64,17 +64,30 @@ def check_draft_vocab(target: LlamaModel, draft: LlamaModel) -> None:
                          f"{draft.piece(tok, special=True)!r} in the other")
 
 
-DRAFT_NOT_BUILT = ("drafting with a second model is not built yet (its vocabulary check is): "
-                   "use --speculative ngram")
+MODES = ("off", "ngram", "draft")
+DEFAULT_DRAFT_MAX = 8
 
 
-def refuse_draft_model(path: Path, settings: Settings) -> None:
-    """--speculative draft: a draft model with another vocabulary is refused naming both
-    (DraftVocabMismatch); one that matches is refused too, since drafting with it is not built."""
+def spec_config(mode: str | None, draft_max: int | None, draft_model: str | Path | None,
+                n_slots: int) -> tuple[str, int, int | None]:
+    """(mode, k, logits rows one batch may ask for: None for one per slot) of an engine."""
+    mode = mode or "off"
+    if mode not in MODES:
+        raise InvalidRequest(f"speculative must be off, ngram or draft, got {mode!r}", "speculative")
+    if mode == "draft" and draft_model is None:
+        raise ConfigError("speculative", "'draft' needs a draft model (--draft-model NAME)")
+    k = draft_max or DEFAULT_DRAFT_MAX
+    return mode, k, None if mode == "off" else n_slots * (1 + k)
+
+
+def prepare_draft_model(path: Path, settings: Settings) -> Path:
+    """The draft model's validated path; DraftVocabMismatch, naming both vocabularies, unless
+    it tokenizes exactly as the served model (both read vocabulary-only: a few MiB)."""
     from edge.gguf import validate_gguf
     from edge.store import resolve_model
 
-    assert settings.draft_model is not None  # Settings requires it for "draft"
+    if settings.draft_model is None:
+        raise ConfigError("speculative", "'draft' needs a draft model (--draft-model NAME)")
     draft_path = resolve_model(settings.draft_model, settings)
     validate_gguf(draft_path)
     target, draft = LlamaModel(path, vocab_only=True), LlamaModel(draft_path, vocab_only=True)
@@ -83,7 +96,7 @@ def refuse_draft_model(path: Path, settings: Settings) -> None:
     finally:
         target.close()
         draft.close()
-    raise ConfigError("speculative", DRAFT_NOT_BUILT)
+    return Path(draft_path)
 
 
 def check_speculation(request: GenerationRequest, draft_max: int, blocker: str | None, mode: str) -> None:

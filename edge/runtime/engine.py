@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from edge.clock import Clock, SystemClock
 from edge.config import Settings
-from edge.errors import ConfigError, ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
+from edge.errors import ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
 from edge.runtime import chat_template as templates
 from edge.runtime import facade
-from edge.runtime.draft import DRAFT_NOT_BUILT, check_speculation, refuse_draft_model
+from edge.runtime.draft import check_speculation, prepare_draft_model, spec_config
 from edge.runtime.embed import EmbedJob, describe, prepare_inputs
 from edge.runtime.enginethread import EngineThread
 from edge.runtime.handle import RequestHandle
@@ -95,6 +95,7 @@ class Engine:
         embedding_model: str | Path | None = None,
         speculative: str | None = None,
         draft_max: int | None = None,
+        draft_model: str | Path | None = None,
     ) -> None:
         if settings is not None:
             keep_alive_s = keep_alive_s if keep_alive_s is not None else settings.keep_alive_s
@@ -104,15 +105,8 @@ class Engine:
             chat_template = chat_template if chat_template is not None else settings.chat_template
             speculative = speculative if speculative is not None else settings.speculative
             draft_max = draft_max if draft_max is not None else settings.draft_max
-        # --- speculative decoding (issue 20): off unless asked for (ngram: prompt lookup) ---
-        speculative = speculative or "off"
-        if speculative == "draft":
-            raise ConfigError("speculative", DRAFT_NOT_BUILT)
-        if speculative not in ("off", "ngram", "draft"):
-            raise InvalidRequest(f"speculative must be off, ngram or draft, got {speculative!r}",
-                                 "speculative")
-        self.draft_max = draft_max or 8
-        n_outputs = None if speculative == "off" else n_slots * (1 + self.draft_max)
+        # --- speculative decoding (issue 20): off unless asked for (draft.spec_config) ---
+        speculative, self.draft_max, n_outputs = spec_config(speculative, draft_max, draft_model, n_slots)
         # --- chat template choice (issue 15): NAME | FILE | text -> source; ConfigError if bad ---
         self._template_choice = templates.resolve_chat_template(chat_template)
         chat_template = self._template_choice.source if self._template_choice is not None else None
@@ -125,12 +119,12 @@ class Engine:
         self._clock = clock
         self._knobs = Knobs(active_limit=n_slots, n_threads=n_threads or max(1, os.cpu_count() or 1))
         spec = LoadSpec(self.model_path, n_ctx or 4096, n_batch, n_slots, kv_type, n_gpu_layers, warmup,
-                        n_outputs)
+                        n_outputs, None if draft_model is None else str(draft_model))
         self.residency = Residency(spec, clock, keep_alive_s, idle_poll_s, chat_template,
                                    None if embedding_model is None else str(embedding_model))
         self._box = Mailbox(self._knobs)
         self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook,
-                              Speculation("ngram" if speculative == "draft" else speculative, self.draft_max))
+                              Speculation(speculative, self.draft_max))
         self._spec_mode = speculative
         self._thread_body = EngineThread(self._box, self.residency, self._loop, clock)
         self._thread: threading.Thread | None = None
@@ -165,8 +159,8 @@ class Engine:
         kw.setdefault("chat_template", settings.chat_template)
         kw.setdefault("speculative", settings.speculative)
         kw.setdefault("draft_max", settings.draft_max)
-        if kw["speculative"] == "draft":
-            refuse_draft_model(path, settings)
+        if kw["speculative"] == "draft" and "draft_model" not in kw:
+            kw["draft_model"] = prepare_draft_model(path, settings)  # DraftVocabMismatch names both
         if settings.embedding_model and "embedding_model" not in kw:
             from edge.gguf import validate_gguf
             from edge.store import resolve_model
@@ -186,11 +180,11 @@ class Engine:
         if self.residency.loaded:
             return
         try:
-            model, ctx = self.residency.open(self._knobs.n_threads, warm=False)  # the engine thread warms
+            model, ctx, draft = self.residency.open(self._knobs.n_threads, warm=False)  # warmed on its thread
         except BaseException:
             self._box.set_state(EngineState.FAILED)
             raise
-        self.residency.install(model, ctx)
+        self.residency.install(model, ctx, draft)
         if self.residency.spec_blocker is not None and self._loop.spec.on:
             self._loop.spec.mode = "off"  # requests that force it get a 400 (_sequence)
         self._loop.publish(0.0, 0.0, 0, 0)

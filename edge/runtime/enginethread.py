@@ -37,6 +37,8 @@ class EngineThread:
     def run(self) -> None:
         res, loop = self.res, self.loop
         res.warm_up()  # on this thread: see Residency.open
+        if loop.spec.on and res.loaded:
+            loop.spec.calibrate(res.live)  # the verify-step cost curve (spec_step.py)
         self.ready.set()
         while True:
             # take() only consults the timer while no mail is pending, so `idle` is the whole story

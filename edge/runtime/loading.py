@@ -53,14 +53,18 @@ def plan_for(
     from edge.store import resolve_model
 
     path = resolve_model(str(model_ref), settings)
-    plan = size_for(validate_gguf(path), settings, profile(settings), available_bytes())
+    draft = None
+    if settings.speculative == "draft" and settings.draft_model:
+        draft = validate_gguf(resolve_model(settings.draft_model, settings))
+    plan = size_for(validate_gguf(path), settings, profile(settings), available_bytes(), draft=draft)
     return Path(path), plan
 
 
 def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, available_bytes: int,
-             gpu_available_bytes: int | None = None) -> MemoryPlan:
+             gpu_available_bytes: int | None = None, draft: GGUFInfo | None = None) -> MemoryPlan:
     """The one settings-to-engine sizing: what the engine is built with and what `edge plan`
-    prints. The reserve and GPU layers fall back to the device profile's."""
+    prints. The reserve and GPU layers fall back to the device profile's; `draft` is the draft
+    model's file (--speculative draft), planned beside the served one."""
     from edge.planner import plan_memory
 
     reserve = settings.memory_reserve_bytes
@@ -83,4 +87,5 @@ def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, ava
         n_ubatch=settings.n_batch,
         # the engine requests one logits row per sequence, 1 + draft_max while it speculates
         n_outputs_max=settings.slots * (1 if settings.speculative == "off" else 1 + settings.draft_max),
+        draft=draft,
     )

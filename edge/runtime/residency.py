@@ -31,6 +31,7 @@ from edge.errors import EngineStopped, ModelLoadError
 from edge.runtime.batch import Batch
 from edge.runtime.chat_template import ChatTemplate, load_template
 from edge.runtime.draft import rollback_blocker
+from edge.runtime.draft_model import DraftModel
 from edge.runtime.embed import Embedder
 from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
@@ -56,6 +57,7 @@ class LoadSpec:
     n_gpu_layers: int = 0
     warmup: bool = True  # decode once at load so the first request does not pay one-time costs
     n_outputs: int | None = None  # logits rows one batch may ask for (None: one per slot)
+    draft_model_path: str | None = None  # a second model that guesses tokens (--speculative draft)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Live:
     ctx: LlamaContext
     batch: Batch
     n_ctx_seq: int  # cells one sequence may hold
+    draft: DraftModel | None = None  # the draft model's context, when it drafts
 
     @property
     def n_ctx(self) -> int:
@@ -103,6 +106,7 @@ class Residency:
         self._embed_model: LlamaModel | None = None  # the second model's weights, when loaded
         self._embed_vocab: LlamaModel | None = None  # its vocabulary, for tokenizing on any thread
         self._live: Live | None = None
+        self.draft: DraftModel | None = None  # opened with the model (spec.draft_model_path)
 
     @property
     def live(self) -> Live:
@@ -120,8 +124,9 @@ class Residency:
         return self.model
 
     # --- opening ----------------------------------------------------------------
-    def open(self, n_threads: int, warm: bool = True) -> tuple[LlamaModel, LlamaContext]:
-        """Load weights and create the context (ModelLoadError on failure; nothing leaks).
+    def open(self, n_threads: int, warm: bool = True) -> tuple[LlamaModel, LlamaContext, DraftModel | None]:
+        """Load weights and create the context, and the draft model's when there is one
+        (ModelLoadError on failure; nothing leaks).
 
         `warm` decodes once right away: only on the engine thread. OpenMP gives every thread
         that runs a parallel region its own team of workers; once a first decode ran on another
@@ -140,31 +145,41 @@ class Residency:
         except BaseException:
             model.close()
             raise
-        if s.warmup and warm:
-            try:
+        draft: DraftModel | None = None
+        try:
+            if s.draft_model_path is not None and self.spec_blocker is None:
+                draft = DraftModel(LlamaModel(s.draft_model_path, n_gpu_layers=s.n_gpu_layers), ctx.n_ctx,
+                                   s.n_slots, s.n_batch, n_threads, s.kv_type)
+            if s.warmup and warm:
                 ctx.warm_up(model)
-            except BaseException:
-                ctx.close()
-                model.close()
-                raise
-        return model, ctx
+                if draft is not None:
+                    draft.ctx.warm_up(draft.model)
+        except BaseException:
+            if draft is not None:
+                draft.close()
+            ctx.close()
+            model.close()
+            raise
+        return model, ctx, draft
 
-    def install(self, model: LlamaModel, ctx: LlamaContext) -> None:
+    def install(self, model: LlamaModel, ctx: LlamaContext, draft: DraftModel | None = None) -> None:
         """Make a freshly opened model and context current."""
         with self.lock:
-            self.model, self.ctx = model, ctx
+            self.model, self.ctx, self.draft = model, ctx, draft
         self.n_ctx = ctx.n_ctx_seq
         if self.template is None:
             self.template = load_template(self._template_override or model.chat_template(),
                                           model.token_text(model.bos_id), model.token_text(model.eos_id))
         self.batch = Batch(ctx.n_batch)
-        self._live = Live(model, ctx, self.batch, self.n_ctx)
+        self._live = Live(model, ctx, self.batch, self.n_ctx, draft)
 
     def warm_up(self) -> None:
         """Decode once and forget it (engine thread; see `open`)."""
         if self.spec.warmup and self.ctx is not None and self.model is not None:
             try:
                 self.ctx.warm_up(self.model)
+                if self.draft is not None:
+                    self.draft.ctx.warm_up(self.draft.model)
             except Exception as exc:  # only an optimisation: the first request pays instead
                 log.warning("warm-up failed: %s", exc)
 
@@ -197,9 +212,15 @@ class Residency:
             self._embed_model.close()
             self._embed_model = None
 
+    def release_draft(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
+            self.draft = None
+
     def release(self) -> None:
         """Free everything (engine stopped)."""
         self.release_embedder()
+        self.release_draft()
         if self._embed_vocab is not None:
             self._embed_vocab.close()
             self._embed_vocab = None
@@ -249,6 +270,7 @@ class Residency:
             if not still_idle():
                 return False
             self.release_embedder()  # it runs over the weights about to go
+            self.release_draft()
             full, ctx = self.model, self.ctx
             self.model, self.ctx, self._live = vocab, None, None
             if self.batch is not None:
@@ -266,12 +288,12 @@ class Residency:
         """Load weights and context again for queued work; the error when that fails."""
         t0_s = self.clock.monotonic()
         try:
-            model, ctx = self.open(n_threads)
+            model, ctx, draft = self.open(n_threads)
         except Exception as exc:
             err = exc if isinstance(exc, ModelLoadError) else ModelLoadError(self.spec.model_path, str(exc))
             log.error("reload failed: %s", err)
             return err
-        self.install(model, ctx)
+        self.install(model, ctx, draft)
         self.last_active_s = self.clock.monotonic()
         log.info("model reloaded in %.2f s", self.last_active_s - t0_s)
         return None

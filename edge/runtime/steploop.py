@@ -22,7 +22,7 @@ from edge.runtime.delivery import Delivery
 from edge.runtime.embedqueue import EmbedQueue
 from edge.runtime.handle import Wakeups
 from edge.runtime.sequence import Sequence, StepPerf
-from edge.runtime.spec_step import SeqSpec, Speculation
+from edge.runtime.spec_step import DraftView, SeqSpec, Speculation
 from edge.runtime.stepplan import (
     Admit,
     Chunk,
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from edge.runtime.batch import Batch
     from edge.runtime.mailbox import Mail, Mailbox
     from edge.runtime.residency import Live, Residency
-    from edge.runtime.speculative import DraftAsk
     from edge.runtime.types import GenerationRequest
 
 log = logging.getLogger("edge.engine")
@@ -148,17 +147,17 @@ class StepLoop(Delivery):
             tuple(SeqView(sid, q.key, q.n_prompt_left) for sid, q in self.running.items()),
             waiting, self._off_owed_s, *self._draft_view(live))
 
-    def _draft_view(self, live: Live) -> tuple[tuple[DraftAsk, ...], tuple[tuple[int, float], ...]]:
+    def _draft_view(self, live: Live) -> DraftView:
         """What the plan needs to give drafts: each decoding sequence's guess (no deeper than the
         context and max_tokens leave room for) and the measured step costs."""
         if not self.spec.on:
-            return (), ()
+            return (), (), 0.0
         cands: list[tuple[int, SeqSpec, int]] = []
         for sid, q in self.running.items():
             if q.spec is not None and q.n_prompt_left == 0 and q.pending_tok >= 0:
                 limit = min(live.n_ctx_seq - len(self.slots[sid].tokens) - 1, q.max_tokens - q.n_gen - 1)
                 cands.append((sid, q.spec, limit))
-        return self.spec.asks(cands), self.spec.cost.table()
+        return self.spec.view(cands, live.draft)
 
     def _reap_cancelled(self) -> None:
         for sid, seq in list(self.running.items()):
@@ -188,7 +187,7 @@ class StepLoop(Delivery):
         self._sample_s = self._decode_s = 0.0
         if self.spec.on:
             specs = {sid: q.spec for sid, q in self.running.items() if q.spec is not None}
-            self.spec.apply(plan.drafts, specs)
+            self.spec.apply(plan.drafts, specs, live.draft, plan.threads)
         chunks = self._decode(live, list(plan.chunks))
         n_dec = n_pre = 0
         for ch in chunks:

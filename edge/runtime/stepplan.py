@@ -217,6 +217,7 @@ class StepView:
     off_owed_s: float = 0.0
     draft_asks: tuple[DraftAsk, ...] = ()  # decoding sequences' guesses (speculative decoding)
     step_cost: tuple[tuple[int, float], ...] = ()  # measured seconds of a step by batch tokens
+    draft_token_s: float = 0.0  # measured seconds of guessing one token (a draft model's decode)
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,8 @@ def plan_drafts(view: StepView, knobs: Knobs, chunks: Sequence[Chunk]) -> tuple[
     base = sum(c.n for c in chunks)
     room = view.batch_capacity - base
     out: list[tuple[int, int]] = []
-    for sid, n in sorted(choose_drafts(asks, base, StepCost.from_table(view.step_cost)).items()):
+    for sid, n in sorted(choose_drafts(asks, base, StepCost.from_table(view.step_cost),
+                                            view.draft_token_s).items()):
         n = min(n, room)
         if n > 0:
             out.append((sid, n))

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edge.runtime.speculative import DraftAsk, expected_tokens
 from edge.runtime.stepplan import (
     N_BATCH,
     STEP_TOKEN_BUDGET,
@@ -48,8 +49,10 @@ class StepResult:
 
 class SimEngine:
     def __init__(self, throughput: ThroughputModel, n_slots: int, knobs: Knobs, model_bytes: int,
-                 kv_bytes_per_cell: int, kv_cells_total: int) -> None:
+                 kv_bytes_per_cell: int, kv_cells_total: int, draft_max: int = 0) -> None:
         self.tp = throughput
+        self.draft_max = draft_max  # speculative decoding: most tokens drafted per sequence (0: off)
+        self.spec_drafted = self.spec_accepted = 0.0
         self.n_slots = n_slots
         self.knobs = knobs
         self.model_bytes = model_bytes
@@ -116,7 +119,20 @@ class SimEngine:
         n_idle = self.n_slots - len(self.slots) if with_waiting else 0
         first = sorted(self.waiting, key=_key)[:n_idle] if n_idle else []
         waiting = tuple(WaitView(_key(r), r.prompt_tokens) for r in first)
-        return StepView(self.kv_cells_total, N_BATCH, STEP_TOKEN_BUDGET, slots, running, waiting)
+        asks = tuple(DraftAsk(r.seq_id, min(self.draft_max, r.gen_tokens - int(r.generated) - 1),
+                              r.accept_rate)
+                     for r in self.slots if self.draft_max and r.accept_rate > 0 and _prompt_left(r) == 0)
+        return StepView(self.kv_cells_total, N_BATCH, STEP_TOKEN_BUDGET, slots, running, waiting,
+                        draft_asks=asks, step_cost=self._step_cost() if asks else ())
+
+    def _batch_s(self, n_tokens: int, threads: int | None = None) -> float:
+        """Seconds of a decode step of `n_tokens` (a verify step's tokens cost as many
+        sequences' one token each: what calibration measured)."""
+        return n_tokens / self.tp.decode_tokens_per_s(n_tokens, threads or self.knobs.n_threads)
+
+    def _step_cost(self) -> tuple[tuple[int, float], ...]:
+        n_max = self.n_slots * (1 + self.draft_max)
+        return tuple((n, self._batch_s(n)) for n in range(1, n_max + 1))
 
     @staticmethod
     def _slot_view(i: int, req: SimRequest | None) -> SlotView:
@@ -151,7 +167,8 @@ class SimEngine:
             active=self.active_now, parked=max(0, len(self.slots) - self.active_now),
             waiting=len(self.waiting), waiting_interactive=n_wait_i,
             kv_cells_used=sum(r.kv_cells for r in self.slots), kv_cells_total=self.kv_cells_total,
-            n_slots=self.n_slots, knobs=k,
+            n_slots=self.n_slots, knobs=k, speculative="ngram" if self.draft_max else "off",
+            spec_drafted=int(self.spec_drafted), spec_accepted=int(self.spec_accepted),
             interactive_awaiting_first=sum(1 for r in self.slots
                                            if r.priority is Priority.INTERACTIVE and r.first_token_s is None),
         )
@@ -222,8 +239,8 @@ class SimEngine:
         prefill_tps = self.tp.prefill_tokens_per_s(threads)
         by_slot = {r.seq_id: r for r in active}
         while end_s - elapsed_s > 1e-9:
-            chunks = [c for c in plan_step(self._view(with_waiting=False), self.knobs).chunks
-                      if c.seq_id in by_slot and not by_slot[c.seq_id].done]
+            plan = plan_step(self._view(with_waiting=False), self.knobs)
+            chunks = [c for c in plan.chunks if c.seq_id in by_slot and not by_slot[c.seq_id].done]
             decoding = [by_slot[c.seq_id] for c in chunks if c.decode]
             prompts = [(by_slot[c.seq_id], c.n) for c in chunks if not c.decode]
             if not chunks:
@@ -240,11 +257,17 @@ class SimEngine:
                         decoding.append(req)  # the step that ends a prompt samples its first token
                         gain[id(req)] = 1.0
                 span_s = step_s * frac
-            else:
-                per_seq = self.tp.decode_tokens_per_s(len(decoding), threads) / len(decoding)
-                span_s = min(left_s, min((r.gen_tokens - r.generated) / per_seq for r in decoding))
+            else:  # decode steps, each sequence with its planned draft (expected tokens per step)
+                drafts = dict(plan.drafts)
+                step_s = self._batch_s(len(decoding) + sum(drafts.values()), threads)
+                per = {id(r): expected_tokens(r.accept_rate, drafts.get(r.seq_id, 0)) / step_s
+                       for r in decoding}
+                span_s = min(left_s, min((r.gen_tokens - r.generated) / per[id(r)] for r in decoding))
                 span_s = max(span_s, 1e-6)
-                gain = {id(r): per_seq * span_s for r in decoding}
+                gain = {id(r): per[id(r)] * span_s for r in decoding}
+                steps = span_s / step_s
+                self.spec_drafted += steps * sum(drafts.values())
+                self.spec_accepted += sum(g - steps for g in gain.values()) if drafts else 0.0
             for req in decoding:
                 g = gain[id(req)]
                 before = req.generated

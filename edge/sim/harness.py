@@ -135,7 +135,7 @@ class _Run:
 
     def __init__(self, scenario: Scenario, policy: str, profile: DeviceProfile, tp: ThroughputModel,
                  duration_s: float, seed: int, workload: str, knobs: Knobs | None = None,
-                 config: ControllerConfig | None = None) -> None:
+                 config: ControllerConfig | None = None, draft_max: int = 0) -> None:
         self.sc, self.profile, self.duration_s = scenario, profile, duration_s
         self.plan = scenario.power or PowerPlan()
         self.windows = PowerWindows(DT_S)
@@ -146,7 +146,7 @@ class _Run:
         if scenario.ambient_c is not None:
             self.device.ambient_c = self.device.die_c = self.device.sink_c = scenario.ambient_c
         self.engine = SimEngine(tp, N_SLOTS, Knobs(N_SLOTS, tp.max_threads, 1.0), MODEL_BYTES,
-                                KV_BYTES_PER_CELL, KV_CELLS_TOTAL)
+                                KV_BYTES_PER_CELL, KV_CELLS_TOTAL, draft_max)
         guarded = policy == "edge"
         self.admission = Admission(
             MAX_QUEUE, stats_provider=self.engine.stats if guarded else None, n_slots=N_SLOTS,
@@ -326,13 +326,18 @@ class _Run:
 def run_scenario(scenario: Scenario | str, policy: str, profile: str | DeviceProfile, tp: ThroughputModel,
                  duration_s: float = 1800.0, seed: int = 7, knobs: Knobs | None = None,
                  config: ControllerConfig | None = None, stop_when_unsafe: bool = False,
-                 workload: str | None = None) -> RunMetrics:
+                 workload: str | None = None, draft_max: int = 0) -> RunMetrics:
+    """`draft_max` > 0: the engine speculates (prompt lookup, up to that many tokens a step)
+    as the step plan chooses, with each workload's acceptance (workloads.py)."""
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     prof = load_profile(profile) if isinstance(profile, str) else profile
     if policy not in (*POLICIES, "constant"):
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    run = _Run(sc, policy, prof, tp, duration_s, seed, workload or sc.workload, knobs, config)
+    run = _Run(sc, policy, prof, tp, duration_s, seed, workload or sc.workload, knobs, config, draft_max)
     m = run.run(stop_when_unsafe=stop_when_unsafe)
+    if draft_max:
+        m.extra["spec_drafted"] = round(run.engine.spec_drafted)
+        m.extra["spec_accepted"] = round(run.engine.spec_accepted)
     if sc.baseline_workload and workload is None and policy == "edge":
         base = run_scenario(sc, policy, prof, tp, duration_s, seed, config=config,
                             workload=sc.baseline_workload)

@@ -189,5 +189,48 @@ def test_serving_with_a_draft_model_of_another_vocabulary_is_refused_at_load(
 
     with pytest.raises(DraftVocabMismatch, match="SPM vocabulary of 262144 tokens"):
         Engine.from_settings(str(smollm2_path), Settings(speculative="draft", draft_model=str(gemma_path)))
-    with pytest.raises(ConfigError, match="not built yet"):  # the same vocabulary: honest about the rest
-        Engine.from_settings(str(smollm2_path), Settings(speculative="draft", draft_model=str(smollm2_path)))
+    with pytest.raises(ConfigError, match="draft model"):
+        Engine(smollm2_path, speculative="draft")  # no --draft-model
+    same = Settings(speculative="draft", draft_model=str(smollm2_path))
+    eng = Engine.from_settings(str(smollm2_path), same)
+    assert eng.residency.spec.draft_model_path == str(smollm2_path)  # the same vocabulary loads
+
+
+@pytest.fixture(scope="module")
+def drafted(smollm2_path: Path) -> Iterator[Engine]:
+    # SmolLM2 drafting for itself: greedy guesses are the target's own, so nearly all are accepted
+    with Engine(smollm2_path, n_ctx=256, n_slots=2, n_threads=2, speculative="draft",
+                draft_model=smollm2_path) as eng:
+        yield eng
+
+
+def test_draft_model_gives_identical_greedy_text(pair: tuple[Engine, Engine], drafted: Engine) -> None:
+    off, _ = pair
+    for p in PROMPTS[:8]:
+        a = off.complete(p, max_tokens=40, temperature=0.0, add_bos=False)
+        b = drafted.complete(p, max_tokens=40, temperature=0.0, add_bos=False, speculative=True)
+        assert b.text == a.text, p
+    st = drafted.stats()
+    assert st.speculative == "draft" and st.spec_drafted > 100
+    assert st.spec_accepted >= 0.9 * st.spec_drafted, (st.spec_accepted, st.spec_drafted)
+
+
+def test_draft_model_with_two_streams_and_cancels_leaves_no_kv(drafted: Engine) -> None:
+    reqs = [GenerationRequest(PROMPTS[i], max_tokens=30, sampling=GREEDY, add_bos=False, speculative=True)
+            for i in range(6)]
+    handles = [drafted.submit(r) for r in reqs]
+    handles[1].cancel()
+    handles[4].cancel()
+    texts = ["".join(ev.text for ev in h) for h in handles]
+    assert texts[0] and texts[2]
+    deadline = time.monotonic() + 10.0
+    while drafted.stats().kv_cells_used and time.monotonic() < deadline:
+        time.sleep(0.01)
+    draft = drafted.residency.draft
+    assert draft is not None
+    ctx = drafted.residency.ctx
+    assert ctx is not None
+    for slot in drafted._loop.slots:
+        assert ctx.seq_pos_max(slot.seq_id) == len(slot.tokens) - 1
+        held = draft.held.get(slot.seq_id, [])
+        assert draft.ctx.seq_pos_max(slot.seq_id) == len(held) - 1  # the draft KV is what it tracks

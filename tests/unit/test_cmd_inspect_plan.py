@@ -101,7 +101,9 @@ def test_plan_json_with_memory_suffix(model: Path, capsys: pytest.CaptureFixture
         "reserve_bytes",
         "total_bytes",
         "available_bytes",
+        "draft_bytes",
     }
+    assert data["draft_bytes"] == 0
 
 
 def test_plan_text_explains_and_picks_context(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,3 +153,13 @@ def test_plan_malformed_and_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc == 2 and "invalid GGUF file" in err and len(err.strip().splitlines()) == 1
     rc, _, err = _run(capsys, "plan", str(tmp_path), "--memory", "1G")
     assert rc == 2 and "is a directory" in err
+
+
+def test_plan_with_a_draft_model_counts_it(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(capsys, "plan", str(model), "--json", "--memory", "64G", "--ctx", "1024")
+    alone = json.loads(out)
+    rc2, out2, _ = _run(capsys, "plan", str(model), "--json", "--memory", "64G", "--ctx", "1024",
+                        "--draft-model", str(model))
+    both = json.loads(out2)
+    assert rc == rc2 == 0 and both["draft_bytes"] > alone["weights_bytes"]
+    assert both["total_bytes"] - both["draft_bytes"] >= alone["total_bytes"]  # + the verify rows' logits

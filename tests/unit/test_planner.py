@@ -200,6 +200,7 @@ def test_json_keys_exact(llama_like: GGUFInfo) -> None:
         "reserve_bytes",
         "total_bytes",
         "available_bytes",
+        "draft_bytes",
     ]
 
 
@@ -237,3 +238,23 @@ def test_bad_arguments(llama_like: GGUFInfo, tmp_path: Path, kw: dict[str, Any],
     with pytest.raises(ConfigError) as info:
         _plan(model, **kw)
     assert info.value.field == field
+
+
+def test_a_draft_model_is_planned_beside_the_served_one(llama_like: GGUFInfo, gemma_like: GGUFInfo) -> None:
+    from edge.planner import draft_model_bytes
+
+    alone = _plan(llama_like, n_ctx=2048)
+    both = _plan(llama_like, n_ctx=2048, draft=gemma_like)
+    d = draft_model_bytes(gemma_like, 2048, 4, "f16", 512, 512)
+    assert both.draft_bytes == d and both.total_bytes == alone.total_bytes + d
+    # its weights and a KV cache of the same cells for the same sequences, at least
+    assert d > gemma_like.weights_bytes + _plan(gemma_like, n_ctx=2048).kv_bytes
+    assert alone.draft_bytes == 0 and "draft" not in alone.explain() and "draft " in both.explain()
+    # the context chosen to fit makes room for the draft model too
+    budget = alone.total_bytes
+    fitted = _plan(llama_like, n_ctx=None, available_bytes=budget, draft=gemma_like)
+    assert fitted.fits and fitted.total_bytes <= budget and fitted.n_ctx < 2048
+    # on a discrete GPU with layers offloaded the draft model goes there too
+    gpu = _plan(llama_like, n_ctx=2048, gpu_layers=99, gpu_available_bytes=64 * GIB, draft=gemma_like)
+    gpu_alone = _plan(llama_like, n_ctx=2048, gpu_layers=99, gpu_available_bytes=64 * GIB)
+    assert gpu.gpu_bytes == gpu_alone.gpu_bytes + d

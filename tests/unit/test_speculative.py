@@ -239,3 +239,96 @@ def test_chooser_is_deterministic() -> None:
     asks = [DraftAsk(i, rng.randint(0, 8), rng.random()) for i in range(6)]
     c = _cost(0.001)
     assert choose_drafts(asks, 6, c) == choose_drafts(list(asks), 6, c)
+
+
+def test_chooser_weighs_what_guessing_a_token_costs() -> None:
+    # a draft model's guess costs a decode of its own: the dearer it is, the shorter the draft
+    c = _cost(0.0005)  # a 1-token step is 10 ms
+    free = choose_drafts([DraftAsk(0, 8, 0.8)], 1, c)
+    cheap = choose_drafts([DraftAsk(0, 8, 0.8)], 1, c, draft_token_s=0.001)
+    dear = choose_drafts([DraftAsk(0, 8, 0.8)], 1, c, draft_token_s=0.010)
+    assert free[0] > cheap.get(0, 0) > 0
+    assert dear == {}
+
+
+class _FakeDraftModel:
+    """What Speculation asks of a draft model: guesses for the planned lengths only."""
+
+    def __init__(self) -> None:
+        self.token_s = 0.002
+        self.asked: list[dict[int, tuple[list[int], int]]] = []
+        self.kept: list[set[int]] = []
+        self.threads = 0
+
+    def retain(self, seq_ids: object) -> None:
+        self.kept.append(set(seq_ids))  # type: ignore[call-overload]
+
+    def set_threads(self, n: int) -> None:
+        self.threads = n
+
+    def draft(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
+        self.asked.append({sid: (list(t), k) for sid, (t, k) in wants.items()})
+        return {sid: [100 + i for i in range(k)] for sid, (_, k) in wants.items()}
+
+
+def test_draft_mode_offers_what_it_could_guess_and_guesses_only_the_planned_lengths() -> None:
+    from edge.runtime.spec_step import Speculation
+
+    spec = Speculation("draft", 6)
+    a = spec.state_for([1, 2, 3], None, None)
+    b = spec.state_for([4, 5], None, 3)
+    assert a is not None and b is not None
+    model = _FakeDraftModel()
+    asks, _, token_s = spec.view([(0, a, 10), (1, b, 2)], model)  # type: ignore[arg-type]
+    assert [(x.seq_id, x.available) for x in asks] == [(0, 6), (1, 2)]  # cap, then the room left
+    assert token_s == 0.002
+    assert spec.view([(0, a, 10)], None)[0] == ()  # no draft model loaded: nothing to offer
+    spec.apply(((0, 4),), {0: a, 1: b}, model, n_threads=2)  # type: ignore[arg-type]
+    assert model.asked == [{0: ([1, 2, 3], 4)}] and model.kept == [{0, 1}] and model.threads == 2
+    assert a.draft == [100, 101, 102, 103] and b.draft == []
+
+
+def test_chooser_looks_past_a_dip_in_the_step_cost() -> None:
+    # measured on this CPU (Qwen2.5 0.5B Q4_K, repacked 4-row kernels): 3 tokens cost more than 4
+    c = StepCost.from_table([(1, 0.032), (2, 0.068), (3, 0.083), (4, 0.077), (5, 0.101), (6, 0.093),
+                             (7, 0.118), (8, 0.124), (9, 0.169)])
+    assert choose_drafts([DraftAsk(0, 8, 0.9)], 1, c) == {0: 5}  # a 6-token step: 4.69 tokens / 93 ms
+    assert choose_drafts([DraftAsk(0, 1, 0.9)], 1, c) == {}  # 1 drafted (a 2-token step) does not pay here
+
+
+def test_acceptance_is_estimated_apart_after_a_whole_accept_and_after_a_miss() -> None:
+    # runs of guesses: a copied stretch is accepted whole draft after draft, the first draft
+    # past its end fails at once; the estimate follows the state the sequence is in
+    a = Acceptance()
+    for _ in range(20):
+        for _ in range(3):
+            a.observe(6, 6)
+        for _ in range(5):
+            a.observe(6, 0)
+    after_miss = a.rate
+    assert a.state == 0 and after_miss < 0.7  # after a miss the next draft usually fails too
+    a.learn(6, 6)  # a shadow guess (not drafted) that held: the state moves, the totals do not
+    assert a.state == 1 and a.rate > 0.85 and a.rate - after_miss > 0.25  # after a whole accept it holds
+    assert a.drafted == 20 * 8 * 6 and a.accepted == 20 * 3 * 6
+
+
+def test_a_guess_not_drafted_is_scored_against_the_tokens_that_follow() -> None:
+    from edge.runtime.spec_step import Speculation
+
+    spec = Speculation("ngram", 4)
+    sp = spec.state_for([5, 6, 7, 8, 5, 6], None, None)
+    assert sp is not None
+    spec.view([(0, sp, 10)], None)
+    assert sp.guess == [7, 8, 5, 6]
+    spec.apply((), {0: sp})  # the plan drafted nothing: the guess is kept as a shadow
+    assert sp.draft == [] and sp.shadow == [7, 8, 5, 6]
+    for tok in (7, 8, 5, 6):
+        sp.commit(tok)
+    assert sp.shadow == [] and sp.acc.state == 1  # it held, whole
+    assert sp.acc.n_acc[0] == pytest.approx(Acceptance.DECAY * 1.0 + 4)  # learnt in the state it was in
+    assert spec.drafted == 0 and sp.acc.drafted == 0  # nothing was verified
+    sp.shadow, sp.shadow_hit = [1, 2, 3], 0
+    sp.commit(1)
+    sp.commit(9)  # the second token differs: one of three held
+    assert sp.shadow == [] and sp.acc.state == 0
+    assert sp.drafter.tokens[-6:] == [7, 8, 5, 6, 1, 9]  # the drafter saw every token
