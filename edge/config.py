@@ -89,10 +89,11 @@ class Settings(BaseSettings):
     )
     slots: int = Field(4, ge=1, le=64, description="Sequences that may share one batch.")
     speculative: Literal["off", "ngram", "draft"] = Field(
-        "off", description="Speculative decoding (opt-in until it is shown to pay on the device): "
-        "ngram (prompt lookup, no second model), draft "
-        "(guesses from --draft-model) or off. Adaptive: each sequence drafts only while its measured "
-        "acceptance and step cost say it pays, and never while the scheduler cuts load."
+        "ngram", description="Speculative decoding: ngram (prompt lookup, no second model; the "
+        "default), draft (guesses from --draft-model) or off. Adaptive: each sequence drafts only "
+        "while its measured acceptance and this device's measured verify cost say it pays, and "
+        "never while the scheduler cuts load; where it cannot pay it costs nothing but a "
+        "calibration of the verify step at load."
     )
     draft_model: str | None = Field(
         None, description="Draft model for --speculative draft (store name or .gguf path); it must "

@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --telemetry sim:..., a file holding the room temperature in C "
                    "(re-read as it changes)")
     p.add_argument("--speculative", choices=("off", "ngram", "draft"), default=None,
-                   help="speculative decoding (default off; ngram: adaptive prompt lookup)")
+                   help="speculative decoding (default ngram: adaptive prompt lookup; draft: --draft-model)")
     p.add_argument("--draft-model", default=None, metavar="MODEL",
                    help="draft model for --speculative draft (same vocabulary as the served model)")
     p.add_argument("--draft-max", type=int, default=None, metavar="K", help="most tokens drafted per step")
