@@ -194,10 +194,10 @@ class Engine:
         if self._thread is not None:
             return
         self.load()
-        self._box.set_state(EngineState.PAUSED if self._knobs.paused else EngineState.READY)
         self._thread = threading.Thread(target=self._thread_body.run, name="edge-engine", daemon=True)
         self._thread.start()
-        self._thread_body.ready.wait()
+        self._thread_body.ready.wait()  # warmed up and calibrated: /ready may say so now
+        self._box.set_state(EngineState.PAUSED if self._knobs.paused else EngineState.READY)
 
     def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Refuse new work; let running requests finish for up to `drain_timeout_s`; then fail

@@ -38,7 +38,10 @@ class EngineThread:
         res, loop = self.res, self.loop
         res.warm_up()  # on this thread: see Residency.open
         if loop.spec.on and res.loaded:
-            loop.spec.calibrate(res.live)  # the verify-step cost curve (spec_step.py)
+            try:
+                loop.spec.calibrate(res.live)  # the verify-step cost curve (spec_step.py)
+            except Exception as exc:  # only a head start: the steps measure it anyway
+                log.warning("verify-cost calibration failed: %s", exc)
         self.ready.set()
         while True:
             # take() only consults the timer while no mail is pending, so `idle` is the whole story
