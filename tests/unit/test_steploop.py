@@ -154,9 +154,9 @@ def test_a_second_turn_reuses_the_cached_prefix_and_trims_only_the_tail() -> Non
     _run(loop)
     assert ctx.removed == []  # the cache [10, 11, 12, 5] is a prefix: nothing to remove
     assert batch.decoded[-1] == [(0, 20, 4), (0, 21, 5)]
-    _submit(loop, _seq([10, 11, 99], [EOS]))
+    _submit(loop, _seq([10, 11, 12, 5, 20, 99], [EOS]))
     _run(loop)
-    assert ctx.removed == [(0, 2, -1)]  # kept [10, 11]; the diverging tail went
+    assert ctx.removed == [(0, 5, -1)]  # kept [10, 11, 12, 5, 20]; the diverging tail went
 
 
 def test_a_full_batch_drops_prompt_chunks_first_then_fails_the_newest_decoder() -> None:

@@ -238,3 +238,19 @@ def test_plan_gives_decoding_sequences_drafts_only_while_speculation_is_allowed(
     tight = StepView(n_ctx=256, batch_capacity=5, token_budget=32, slots=slots, running=view.running,
                      draft_asks=view.draft_asks, step_cost=cost)
     assert dict(plan_step(tight, Knobs(2, 2)).drafts) == {0: 3}  # what the batch has room for
+
+
+def test_choose_slot_does_not_overwrite_a_cached_document_for_the_template_opening() -> None:
+    # every chat prompt starts with the template's opening (here 1, 2, 3): a new document takes
+    # the empty slot instead of overwriting the cached conversation about another one
+    doc_a = Slot(0, [1, 2, 3, *range(100, 160)], last_used=1)
+    empty = Slot(1, [], last_used=5)
+    choice = choose_slot([doc_a, empty], [1, 2, 3, *range(500, 540)])
+    assert choice is not None and choice.seq_id == 1
+    # the same document again still goes back to its cache
+    again = choose_slot([doc_a, empty], [1, 2, 3, *range(100, 140), 7, 8])
+    assert again is not None and (again.seq_id, again.n_reuse) == (0, 43)
+    # with no empty slot, the one whose loss is smallest, keeping what it shares
+    doc_b = Slot(1, [1, 2, 3, *range(200, 210)], last_used=5)
+    third = choose_slot([doc_a, doc_b], [1, 2, 3, *range(500, 540)])
+    assert third is not None and (third.seq_id, third.n_reuse) == (1, 3)
