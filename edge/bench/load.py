@@ -39,6 +39,7 @@ class _Progress:
     usage_tokens: int | None = None
     done: bool = False  # saw data: [DONE] or a finish_reason
     stream_error: str | None = None
+    answered: bool = False  # the response's status line and headers arrived
 
 
 def _content_of(choice: dict[str, Any]) -> str:
@@ -83,6 +84,7 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], p: 
                   t_start: float) -> int:
     """Send one request and parse its stream into `p`; returns the HTTP status."""
     async with client.stream("POST", url, json=body) as resp:
+        p.answered = True
         if resp.status_code != 200:
             text = (await resp.aread())[:300].decode(errors="replace")
             p.stream_error = text
@@ -106,15 +108,27 @@ async def send_one(
     timeout_s: float,
     now: Now = time.perf_counter,
 ) -> RequestResult:
-    """One streaming request, timed from just before it is sent; never raises for a failure."""
+    """One streaming request, timed from just before it is sent; never raises for a failure. A
+    connection that drops before any answer is tried once more (`retries`), within the timeout."""
     body = {"model": model_id, **spec.body, "stream": True, "stream_options": {"include_usage": True}}
     p = _Progress()
     status: int | None = None
     error: str | None = None
     detail = ""
     t_start = now()
+    retries = 0
     try:
-        status = await asyncio.wait_for(_stream(client, base_url + path, body, p, now, t_start), timeout_s)
+        while True:
+            try:
+                status = await asyncio.wait_for(_stream(client, base_url + path, body, p, now, t_start),
+                                                timeout_s - (now() - t_start))
+                break
+            except (httpx.RemoteProtocolError, httpx.ConnectError):
+                # a kept-alive connection the server had closed: nothing was answered, so send it
+                # again once, as the OpenAI SDK's own retry does; the time lost stays counted
+                if retries or p.answered:
+                    raise
+                retries += 1
         if status != 200:
             error, detail = "http", f"{status} {p.stream_error or ''}".strip()
         elif p.stream_error is not None:
@@ -142,6 +156,7 @@ async def send_one(
         status=status,
         error=error,
         detail=detail,
+        retries=retries,
     )
 
 

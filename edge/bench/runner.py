@@ -18,7 +18,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,7 @@ class BenchConfig:
     status_interval_s: float = 1.0
     ban_tokens: tuple[int, ...] = ()  # --ignore-eos: the model's end tokens, banned in every request
     task: str = "words"  # --workload: words (random word prompts) or a task of bench/tasks.py
+    settle_s: float = 0.0  # idle pause before each step after the first (--settle)
 
     def workload(self) -> Workload:
         prompts = parse_dist(self.prompt_lengths, "prompt-lengths", allow_jsonl=True)
@@ -98,12 +99,12 @@ class BenchConfig:
 def _request_row(r: RequestResult) -> dict[str, Any]:
     return {"i": r.index, "warmup": r.warmup, "start_s": round(r.start_s, 6), "end_s": round(r.end_s, 6),
             "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 6), "n_out": r.n_out,
-            "usage": r.tokens_from_usage, "status": r.status, "error": r.error}
+            "usage": r.tokens_from_usage, "status": r.status, "error": r.error, "retries": r.retries}
 
 
 async def _ladder(cfg: BenchConfig, targets: list[Target], workload: Workload, progress: bool,
-                  now: Callable[[], float]) -> tuple[list[tuple[StepStats, list[RequestResult]]],
-                                                     dict[str, list[dict[str, Any]]]]:
+                  now: Callable[[], float], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                  ) -> tuple[list[tuple[StepStats, list[RequestResult]]], dict[str, list[dict[str, Any]]]]:
     top = max(cfg.concurrency) + 4
     limits = httpx.Limits(max_connections=top, max_keepalive_connections=top)
     timeout = httpx.Timeout(cfg.timeout_s)
@@ -121,6 +122,10 @@ async def _ladder(cfg: BenchConfig, targets: list[Target], workload: Workload, p
             for c in cfg.concurrency:
                 warmup = c if cfg.warmup is None else cfg.warmup
                 for t in targets:
+                    if steps and cfg.settle_s > 0:
+                        # the cores the last step kept busy go idle before the next one starts: an
+                        # edge target's contention stage otherwise starts it on fewer threads
+                        await sleep(cfg.settle_s)
                     total = None if cfg.requests is None else warmup + cfg.requests
                     bar = tqdm(total=total, desc=f"{t.label} C={c}", unit="req", file=sys.stderr,
                                leave=False, disable=not progress)
@@ -158,6 +163,7 @@ def run_bench(
     now: Callable[[], float] = time.perf_counter,
     ready_timeout_s: float = 300.0,
     log_dir: Path | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> dict[str, Any]:
     """Run the whole ladder against every target and return the JSON document.
 
@@ -180,7 +186,7 @@ def run_bench(
             if t.process is not None:
                 stack.callback(stop_process, t.process)
             targets.append(t)
-        steps, timelines = asyncio.run(_ladder(cfg, targets, workload, progress, now))
+        steps, timelines = asyncio.run(_ladder(cfg, targets, workload, progress, now, sleep))
     return document(cfg, [t.to_json() for t in targets], steps, timelines, created, now() - t_start)
 
 

@@ -48,6 +48,7 @@ class RequestResult:
     status: int | None = None  # HTTP status; None when no response came (timeout, transport)
     error: str | None = None  # None ok; "http", "timeout", "transport", "stream", "empty"
     detail: str = ""
+    retries: int = 0  # sent again after the connection dropped before any answer
 
     @property
     def ok(self) -> bool:
@@ -101,6 +102,7 @@ class StepStats:
     started_s: float = 0.0  # step start, seconds since the run started (timeline alignment)
     ended_s: float = 0.0  # step end, same clock
     errors_sample: list[str] = field(default_factory=list)  # a few failure details, for the reader
+    n_retried: int = 0  # measured requests sent twice: the first connection dropped unanswered
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +137,7 @@ def summarize(
         n_stream_errors=sum(r.error == "stream" for r in failed),
         n_empty=sum(r.error == "empty" for r in failed),
         n_warmup_failed=sum(not r.ok for r in warm),
+        n_retried=sum(r.retries > 0 for r in measured),
         window_s=window_s,
         requests_per_s=len(ok) / window_s if window_s > 0 else 0.0,
         output_tokens_per_s=out_tokens / window_s if window_s > 0 else 0.0,

@@ -25,6 +25,8 @@ from typing import Any
 
 from edge.commands._common import add_settings_args, settings_from_args
 
+SETTLE_COMPARE_S = 8.0  # contention_up_s (5 s) + a reading + margin: see _settle_s
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark the runtime")
@@ -103,6 +105,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-timeout", type=float, default=300.0,
                    help="seconds a started server gets to become ready (default 300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default 0)")
+    p.add_argument("--settle", type=float, default=None, metavar="S",
+                   help="idle seconds before each step after the first, so one target's load is "
+                        f"gone before the next starts (default {SETTLE_COMPARE_S:g} with --compare, else 0)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="ban the model's end tokens (logit_bias -100) so every answer is max_tokens long "
                         "on every target: decode speed compared like for like")
@@ -145,6 +150,7 @@ def bench_config(args: argparse.Namespace) -> Any:
     for name in ("requests", "threads", "slots", "ctx", "timeout", "ready_timeout", "duration"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, zero_ok=True)
+    _positive("settle", getattr(args, "settle", None), zero_ok=True)
     if args.url is None and args.model is None:
         raise ConfigError("target", "give a MODEL to start, or --url of a running server")
     model_path = None if args.model is None else Path(resolve_model_path(args.model, args)).resolve()
@@ -169,9 +175,19 @@ def bench_config(args: argparse.Namespace) -> Any:
         endpoint=args.endpoint, timeout_s=args.timeout, threads=args.threads or _usable_cpus(),
         slots=args.slots, ctx=args.ctx, seed=args.seed, allow_remote=args.allow_remote,
         ban_tokens=_end_tokens(args, model_path), task=getattr(args, "workload", "words"),
+        settle_s=_settle_s(getattr(args, "settle", None), bool(compare)),
     )
     cfg.workload()  # parse the distributions now: a bad spec is a usage error (2)
     return cfg
+
+
+def _settle_s(given: float | None, comparing: bool) -> float:
+    """The pause between steps: edge's contention stage restores decode threads only after the
+    cores have been free for `contention_up_s` (5 s) plus a reading, so a target measured right
+    after another one's load would start on fewer threads than a user gets."""
+    if given is not None:
+        return given
+    return SETTLE_COMPARE_S if comparing else 0.0
 
 
 def _end_tokens(args: argparse.Namespace, model_path: Path | None) -> tuple[int, ...]:

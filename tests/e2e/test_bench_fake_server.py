@@ -128,6 +128,21 @@ def test_compare_runs_interleaved_and_reports_ratios() -> None:
     assert doc["timeline"] == {"url": doc["timeline"]["url"], "fast": doc["timeline"]["fast"]}
 
 
+def test_settle_pauses_between_steps_only() -> None:
+    a, b = FakeOpenAI(lambda n: Behaviour(ttft_s=0.01)), FakeOpenAI(lambda n: Behaviour(ttft_s=0.01))
+    pauses: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        pauses.append(s)
+
+    with a, b:
+        doc = run_bench(_cfg(a.url, compare=(TargetSpec("url", "b", b.url),), concurrency=(1, 2), requests=2,
+                             settle_s=8.0), sleep=fake_sleep)
+    assert len(doc["steps"]) == 4
+    assert pauses == [8.0, 8.0, 8.0]  # before every step but the first
+    assert doc["settings"]["settle_s"] == 8.0
+
+
 def test_a_launched_target_is_stopped_by_pid(tmp_path: Path) -> None:
     procs: list[subprocess.Popen[bytes]] = []
     script = Path(__file__).with_name("fake_openai.py")

@@ -178,3 +178,13 @@ def test_report_rejects_other_files(tmp_path: Path, content: str, needle: str,
     f.write_text(content)
     assert main(["report", "--bench", str(f), "--out", str(tmp_path / "o")]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_settle_defaults_to_a_pause_only_when_comparing() -> None:
+    from edge.commands.bench import SETTLE_COMPARE_S, _settle_s
+    from edge.scheduler.state import ControllerConfig
+
+    # longer than edge's contention stage waits before it restores threads
+    assert _settle_s(None, comparing=True) == SETTLE_COMPARE_S > ControllerConfig().contention_up_s
+    assert _settle_s(None, comparing=False) == 0.0
+    assert _settle_s(2.5, comparing=True) == 2.5

@@ -130,6 +130,47 @@ def test_transport_errors_and_timeouts() -> None:
     assert (r.error, r.status) == ("timeout", None)
 
 
+def test_a_connection_dropped_before_any_answer_is_sent_once_more() -> None:
+    clock, calls = FakeTime(), []
+    ok = streaming(clock, 0.1, 0.01, 3)
+
+    def drop_first(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return ok(request)
+
+    r = _one(drop_first, clock)
+    assert (r.ok, r.retries, r.n_out, len(calls)) == (True, 1, 3, 2)
+
+
+def test_a_connection_that_keeps_dropping_fails_after_one_retry() -> None:
+    calls: list[httpx.Request] = []
+
+    def drop(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    r = _one(drop, FakeTime())
+    assert (r.error, r.retries, len(calls)) == ("transport", 1, 2)
+
+
+def test_an_answer_cut_off_is_not_sent_again() -> None:
+    clock, calls = FakeTime(), []
+
+    def cut(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield _chunk(content="t0 ")
+            raise httpx.RemoteProtocolError("peer closed connection")
+
+        return httpx.Response(200, content=body(), headers={"content-type": "text/event-stream"})
+
+    r = _one(cut, clock)
+    assert (r.error, r.retries, len(calls)) == ("transport", 0, 1)
+
+
 def test_stream_errors() -> None:
     clock = FakeTime()
     r = _one(streaming(clock, 0.1, 0.01, 5, error_after=2), clock)
