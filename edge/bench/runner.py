@@ -79,7 +79,7 @@ class BenchConfig:
     status_interval_s: float = 1.0
     ban_tokens: tuple[int, ...] = ()  # --ignore-eos: the model's end tokens, banned in every request
     task: str = "words"  # --workload: words (random word prompts) or a task of bench/tasks.py
-    settle_s: float = 0.0  # idle pause before each step after the first (--settle)
+    settle_s: float = 0.0  # idle pause before each step (--settle)
 
     def workload(self) -> Workload:
         prompts = parse_dist(self.prompt_lengths, "prompt-lengths", allow_jsonl=True)
@@ -122,9 +122,10 @@ async def _ladder(cfg: BenchConfig, targets: list[Target], workload: Workload, p
             for c in cfg.concurrency:
                 warmup = c if cfg.warmup is None else cfg.warmup
                 for t in targets:
-                    if steps and cfg.settle_s > 0:
-                        # the cores the last step kept busy go idle before the next one starts: an
-                        # edge target's contention stage otherwise starts it on fewer threads
+                    if cfg.settle_s > 0:
+                        # the cores the last step (or the servers' start) kept busy go idle before
+                        # the next step: an edge target's contention stage otherwise starts it on
+                        # fewer threads
                         await sleep(cfg.settle_s)
                     total = None if cfg.requests is None else warmup + cfg.requests
                     bar = tqdm(total=total, desc=f"{t.label} C={c}", unit="req", file=sys.stderr,

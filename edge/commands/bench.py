@@ -106,8 +106,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a started server gets to become ready (default 300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default 0)")
     p.add_argument("--settle", type=float, default=None, metavar="S",
-                   help="idle seconds before each step after the first, so one target's load is "
-                        f"gone before the next starts (default {SETTLE_COMPARE_S:g} with --compare, else 0)")
+                   help="idle seconds before each step, so the servers' start and one target's "
+                        "load are gone before the next step starts "
+                        f"(default {SETTLE_COMPARE_S:g} with --compare, else 0)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="ban the model's end tokens (logit_bias -100) so every answer is max_tokens long "
                         "on every target: decode speed compared like for like")

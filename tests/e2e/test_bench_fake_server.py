@@ -128,7 +128,7 @@ def test_compare_runs_interleaved_and_reports_ratios() -> None:
     assert doc["timeline"] == {"url": doc["timeline"]["url"], "fast": doc["timeline"]["fast"]}
 
 
-def test_settle_pauses_between_steps_only() -> None:
+def test_settle_pauses_before_every_step() -> None:
     a, b = FakeOpenAI(lambda n: Behaviour(ttft_s=0.01)), FakeOpenAI(lambda n: Behaviour(ttft_s=0.01))
     pauses: list[float] = []
 
@@ -139,7 +139,7 @@ def test_settle_pauses_between_steps_only() -> None:
         doc = run_bench(_cfg(a.url, compare=(TargetSpec("url", "b", b.url),), concurrency=(1, 2), requests=2,
                              settle_s=8.0), sleep=fake_sleep)
     assert len(doc["steps"]) == 4
-    assert pauses == [8.0, 8.0, 8.0]  # before every step but the first
+    assert pauses == [8.0] * 4  # the servers' start, then each step's load, go idle first
     assert doc["settings"]["settle_s"] == 8.0
 
 
