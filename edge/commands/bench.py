@@ -151,7 +151,8 @@ def bench_config(args: argparse.Namespace) -> Any:
     for name in ("requests", "threads", "slots", "ctx", "timeout", "ready_timeout", "duration"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, zero_ok=True)
-    _positive("settle", getattr(args, "settle", None), zero_ok=True)
+    settle = getattr(args, "settle", None)
+    _positive("settle", settle, zero_ok=True)
     if args.url is None and args.model is None:
         raise ConfigError("target", "give a MODEL to start, or --url of a running server")
     model_path = None if args.model is None else Path(resolve_model_path(args.model, args)).resolve()
@@ -176,7 +177,7 @@ def bench_config(args: argparse.Namespace) -> Any:
         endpoint=args.endpoint, timeout_s=args.timeout, threads=args.threads or _usable_cpus(),
         slots=args.slots, ctx=args.ctx, seed=args.seed, allow_remote=args.allow_remote,
         ban_tokens=_end_tokens(args, model_path), task=getattr(args, "workload", "words"),
-        settle_s=_settle_s(getattr(args, "settle", None), bool(compare)),
+        settle_s=_settle_s(settle, bool(compare)),
     )
     cfg.workload()  # parse the distributions now: a bad spec is a usage error (2)
     return cfg
