@@ -175,7 +175,10 @@ def run_bench(
     workload = cfg.workload()  # a bad spec fails before any server starts
     settings = None
     if cfg.model_path is not None:
-        settings = LaunchSettings(cfg.model_path, cfg.threads, cfg.slots, cfg.ctx)
+        from edge.runtime.backend import probe_backends  # the engine's own verdict on this build
+
+        settings = LaunchSettings(cfg.model_path, cfg.threads, cfg.slots, cfg.ctx,
+                                  extra_buffers=probe_backends().cpu_extra_buffers)
     created = _dt.datetime.now(_dt.timezone.utc)
     t_start = now()
     with contextlib.ExitStack() as stack:

@@ -131,6 +131,10 @@ class LaunchSettings:
     threads: int
     slots: int
     ctx: int
+    # ggml's extra CPU buffers (AMX tiles, repacked weights): edge turns them off where the build's
+    # AMX kernels crash (runtime/backend.py), and llama.cpp's tools segfault there at their first
+    # batch too, so llama-server gets --no-repack then (the flag a user who hit the crash would add)
+    extra_buffers: bool = True
 
 
 def launch_command(kind: str, port: int, s: LaunchSettings) -> list[str]:
@@ -139,8 +143,9 @@ def launch_command(kind: str, port: int, s: LaunchSettings) -> list[str]:
         return [sys.executable, "-m", "edge.cli", "serve", m, "--host", "127.0.0.1", "--port", p,
                 "--threads", t, "--slots", str(s.slots), "--ctx", str(s.ctx)]
     if kind == "llama-server":
+        repack = [] if s.extra_buffers else ["--no-repack"]
         return [str(llama_server_binary()), "-m", m, "-t", t, "-np", str(s.slots), "-c", str(s.ctx),
-                "--host", "127.0.0.1", "--port", p]
+                "--host", "127.0.0.1", "--port", p, *repack]
     if kind == "llama-cpp-python":
         # by default its server ends the running stream when a new request arrives (an empty 200):
         # a load test needs requests to queue instead

@@ -134,8 +134,11 @@ def bare_decode(model_path: str | Path, n_tokens: int, n_threads: int, n_seqs: i
 def llama_bench(binary: Path, model_path: str | Path, n_threads: int,
                 runner: Runner = run_child) -> tuple[float, float]:
     """(pp512, tg128) tokens/s from llama.cpp's own llama-bench, same threads, batch 512."""
-    out = runner([str(binary), "-m", str(model_path), "-t", str(n_threads), "-p", str(PP_TOKENS), "-n", "128",
-                  "-b", "512", "-ub", "512", "-r", "3", "-o", "json"])
+    argv = [str(binary), "-m", str(model_path), "-t", str(n_threads), "-p", str(PP_TOKENS), "-n", "128",
+            "-b", "512", "-ub", "512", "-r", "3", "-o", "json"]
+    if not probe_backends().cpu_extra_buffers:  # it segfaults on AMX builds too, like the engine would
+        argv += ["--repack", "0"]
+    out = runner(argv)
     rows = json.loads(out)
     pp = next(r["avg_ts"] for r in rows if r.get("n_prompt") == PP_TOKENS and not r.get("n_gen"))
     tg = next(r["avg_ts"] for r in rows if r.get("n_gen") == 128 and not r.get("n_prompt"))
