@@ -100,6 +100,11 @@ class Settings(BaseSettings):
         "have the served model's vocabulary."
     )
     draft_max: int = Field(8, ge=1, le=32, description="Most tokens drafted per sequence and step.")
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        "auto", description="Flash attention. auto: with the weights on the CPU and an f16 KV cache, "
+        "edge times both kinds once on this device and keeps the faster (the verdict is cached); "
+        "elsewhere llama.cpp's own choice. A quantized KV cache always uses it."
+    )
 
     # --- server ---
     host: str = Field("127.0.0.1", description="Bind address; non-loopback needs an API key.")

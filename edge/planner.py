@@ -82,6 +82,7 @@ class MemoryPlan:
     n_layer: int
     reason: str  # why it does not fit, or "" when it does
     draft_bytes: int = 0  # the draft model's part of total_bytes (speculative decoding)
+    attn_free: bool = False  # edge times both attention kinds at load; budgeted for the larger buffer
 
     @property
     def shortfall_bytes(self) -> int:
@@ -106,6 +107,11 @@ class MemoryPlan:
         d = asdict(self)
         return {k: d[k] for k in keys}
 
+    def _attn_words(self) -> str:
+        if self.attn_free:
+            return "on or off as measured at load (budgeted without it, the larger buffer)"
+        return "on" if self.flash_attn else "off"
+
     def explain(self) -> str:
         """Every term in plain words, one per line."""
 
@@ -125,7 +131,7 @@ class MemoryPlan:
             f"kv cache {mib(self.kv_bytes)}  keys and values for {self.n_ctx} context tokens shared by "
             f"{self.n_slots} slots, stored as {self.kv_type}{swa}",
             f"compute  {mib(self.compute_bytes)}  scratch memory for one micro-batch (activations, "
-            f"attention mask, logits), {where}; flash attention {'on' if self.flash_attn else 'off'}",
+            f"attention mask, logits), {where}; flash attention {self._attn_words()}",
             f"overhead {mib(self.overhead_bytes)}  Python and edge {mib(self.python_bytes).strip()}, "
             f"llama.cpp libraries {mib(self.library_bytes).strip()}, "
             f"vocabulary {mib(self.vocab_bytes).strip()}, "

@@ -15,6 +15,7 @@ import os
 import statistics
 import time
 
+from edge.runtime import attention
 from edge.runtime.batch import Batch
 from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
@@ -27,10 +28,12 @@ def main() -> None:
     ap.add_argument("--max-n", type=int, default=9)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     args = ap.parse_args()
     model = LlamaModel(args.model)
     ctx = LlamaContext(model, ContextConfig(n_ctx=args.ctx, n_seq_max=1, n_threads=args.threads,
-                                            n_outputs_max=args.max_n))
+                                            n_outputs_max=args.max_n,
+                                            flash_attn=attention.fixed_choice(args.flash_attn)))
     ctx.warm_up(model)
     batch = Batch(max(args.depth, args.max_n))
     prompt = [(i * 7919) % (model.n_vocab - 10) + 5 for i in range(args.depth)]

@@ -7,11 +7,15 @@ and a failure to fetch is a test failure.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# verdicts edge caches per device (runtime/attention.py) go to a directory of this test session's
+# own, inherited by the servers the end-to-end tests start, never to the user's cache
+os.environ.setdefault("EDGE_CACHE_DIR", tempfile.mkdtemp(prefix="edge-test-cache-"))
 TEST_MODELS_DIR = Path(os.environ.get("EDGE_TEST_MODELS_DIR", REPO / ".cache" / "models"))
 
 

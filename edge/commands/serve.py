@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", default=None, metavar="MODEL",
                    help="draft model for --speculative draft (same vocabulary as the served model)")
     p.add_argument("--draft-max", type=int, default=None, metavar="K", help="most tokens drafted per step")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default=None,
+                   help="flash attention (default auto: timed both ways on this device once, "
+                   "the faster kept)")
     p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
     add_settings_args(p)
     p.set_defaults(func=run)
@@ -104,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         speculative=args.speculative,
         draft_model=args.draft_model,
         draft_max=args.draft_max,
+        flash_attn=args.flash_attn,
     )
     api_key = bind_api_key(settings)
     agent_at = agent_bind(settings, keyed=api_key is not None)

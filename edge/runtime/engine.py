@@ -30,6 +30,7 @@ from edge.config import Settings
 from edge.errors import ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
 from edge.runtime import chat_template as templates
 from edge.runtime import facade
+from edge.runtime.attention import FlashAttn
 from edge.runtime.draft import check_speculation, prepare_draft_model, spec_config
 from edge.runtime.embed import EmbedJob, describe, prepare_inputs
 from edge.runtime.enginethread import EngineThread
@@ -96,6 +97,8 @@ class Engine:
         speculative: str | None = None,
         draft_max: int | None = None,
         draft_model: str | Path | None = None,
+        flash_attn: FlashAttn = "auto",
+        flash_attn_off_fits: bool = True,
     ) -> None:
         if settings is not None:
             keep_alive_s = keep_alive_s if keep_alive_s is not None else settings.keep_alive_s
@@ -105,6 +108,7 @@ class Engine:
             chat_template = chat_template if chat_template is not None else settings.chat_template
             speculative = speculative if speculative is not None else settings.speculative
             draft_max = draft_max if draft_max is not None else settings.draft_max
+            flash_attn = settings.flash_attn if flash_attn == "auto" else flash_attn
         # --- speculative decoding (issue 20): off unless asked for (draft.spec_config) ---
         speculative, self.draft_max, n_outputs = spec_config(speculative, draft_max, draft_model, n_slots)
         # --- chat template choice (issue 15): NAME | FILE | text -> source; ConfigError if bad ---
@@ -119,7 +123,8 @@ class Engine:
         self._clock = clock
         self._knobs = Knobs(active_limit=n_slots, n_threads=n_threads or max(1, os.cpu_count() or 1))
         spec = LoadSpec(self.model_path, n_ctx or 4096, n_batch, n_slots, kv_type, n_gpu_layers, warmup,
-                        n_outputs, None if draft_model is None else str(draft_model))
+                        n_outputs, None if draft_model is None else str(draft_model), flash_attn,
+                        flash_attn_off_fits, 0 if speculative == "off" else self.draft_max + 1)
         self.residency = Residency(spec, clock, keep_alive_s, idle_poll_s, chat_template,
                                    None if embedding_model is None else str(embedding_model))
         self._box = Mailbox(self._knobs)
@@ -159,6 +164,8 @@ class Engine:
         kw.setdefault("chat_template", settings.chat_template)
         kw.setdefault("speculative", settings.speculative)
         kw.setdefault("draft_max", settings.draft_max)
+        kw.setdefault("flash_attn", settings.flash_attn)
+        kw.setdefault("flash_attn_off_fits", plan.attn_free)
         if kw["speculative"] == "draft" and "draft_model" not in kw:
             kw["draft_model"] = prepare_draft_model(path, settings)  # DraftVocabMismatch names both
         if settings.embedding_model and "embedding_model" not in kw:

@@ -36,6 +36,11 @@ class EngineThread:
 
     def run(self) -> None:
         res, loop = self.res, self.loop
+        try:
+            res.choose_attention(loop.knobs.n_threads)  # times both kinds where free (attention.py)
+        except Exception as exc:  # only an optimisation: the context as opened serves
+            log.warning("attention choice failed: %s", exc)
+        loop.publish(0.0, 0.0, 0, 0)  # the stats show the attention kind from now on
         res.warm_up()  # on this thread: see Residency.open
         if loop.spec.on and res.loaded:
             try:

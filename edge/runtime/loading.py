@@ -9,6 +9,7 @@ from `edge.probe` and the device profile; all are parameters for tests.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,19 +74,30 @@ def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, ava
     gpu_layers: int | str = settings.gpu_layers
     if gpu_layers == "auto" and prof is not None:
         gpu_layers = prof.gpu_layers
-    return plan_memory(
-        info,
-        n_ctx=settings.n_ctx,
-        n_slots=settings.slots,
-        kv_type=settings.kv_type,
-        gpu_layers=gpu_layers,
-        available_bytes=available_bytes,
-        reserve_bytes=reserve,
-        unified_memory=prof.unified_memory if prof is not None else False,
-        gpu_available_bytes=gpu_available_bytes,
-        n_batch=settings.n_batch,
-        n_ubatch=settings.n_batch,
-        # the engine requests one logits row per sequence, 1 + draft_max while it speculates
-        n_outputs_max=settings.slots * (1 if settings.speculative == "off" else 1 + settings.draft_max),
-        draft=draft,
-    )
+    def plan_with(n_ctx: int | None, gpu_layers: int | str, flash_attn: bool) -> MemoryPlan:
+        return plan_memory(
+            info,
+            n_ctx=n_ctx,
+            n_slots=settings.slots,
+            kv_type=settings.kv_type,
+            gpu_layers=gpu_layers,
+            available_bytes=available_bytes,
+            reserve_bytes=reserve,
+            unified_memory=prof.unified_memory if prof is not None else False,
+            gpu_available_bytes=gpu_available_bytes,
+            n_batch=settings.n_batch,
+            n_ubatch=settings.n_batch,
+            # the engine requests one logits row per sequence, 1 + draft_max while it speculates
+            n_outputs_max=settings.slots * (1 if settings.speculative == "off" else 1 + settings.draft_max),
+            draft=draft,
+            flash_attn=flash_attn,
+        )
+
+    plan = plan_with(settings.n_ctx, gpu_layers, settings.flash_attn != "off")
+    if settings.flash_attn == "auto" and plan.fits and plan.n_gpu_layers == 0 and settings.kv_type == "f16":
+        # the engine may choose no flash attention (runtime/attention.py): budget its larger compute
+        # buffer at the context chosen with it, if that still fits; else flash attention stays on
+        without = plan_with(plan.n_ctx, 0, False)
+        if without.fits:
+            return replace(without, attn_free=True)
+    return plan

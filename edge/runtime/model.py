@@ -277,6 +277,10 @@ class LlamaContext:
         llama_cpp.llama_synchronize(self.ptr)
         self.clear()
 
+    def synchronize(self) -> None:
+        """Wait for the backend to finish this context's work (timings end here)."""
+        llama_cpp.llama_synchronize(self.ptr)
+
     def set_threads(self, n_threads: int) -> None:
         llama_cpp.llama_set_n_threads(self.ptr, n_threads, n_threads)
 

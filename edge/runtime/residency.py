@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from edge.clock import Clock
 from edge.errors import EngineStopped, ModelLoadError
+from edge.runtime import attention
+from edge.runtime.attention import AttnTiming, FlashAttn
 from edge.runtime.batch import Batch
 from edge.runtime.chat_template import ChatTemplate, load_template
 from edge.runtime.draft import rollback_blocker
@@ -58,6 +60,9 @@ class LoadSpec:
     warmup: bool = True  # decode once at load so the first request does not pay one-time costs
     n_outputs: int | None = None  # logits rows one batch may ask for (None: one per slot)
     draft_model_path: str | None = None  # a second model that guesses tokens (--speculative draft)
+    flash_attn: FlashAttn = "auto"  # auto: measured where the choice is free (attention.py)
+    flash_attn_off_fits: bool = True  # the memory plan allows the larger buffer of no flash attention
+    n_verify: int = 0  # rows of a speculative verify step (the attention probe times one)
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,9 @@ class Residency:
         self._embed_vocab: LlamaModel | None = None  # its vocabulary, for tokenizing on any thread
         self._live: Live | None = None
         self.draft: DraftModel | None = None  # opened with the model (spec.draft_model_path)
+        self.flash_attn: bool | None = None  # the context's flash attention (None: llama.cpp's auto)
+        self.attention = "llama.cpp auto"  # how it was chosen (shown in /v1/status)
+        self.attn_timing: AttnTiming | None = None  # the measured verdict, when edge chose
 
     @property
     def live(self) -> Live:
@@ -139,9 +147,8 @@ class Residency:
             n_ctx = min(s.n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else s.n_ctx
             self.spec_blocker = rollback_blocker(model)
             n_out = s.n_outputs if self.spec_blocker is None else None  # no drafts: one row per slot
-            cfg = ContextConfig(n_ctx=n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_seq_max=s.n_slots,
-                                n_threads=n_threads, kv_type=s.kv_type, n_outputs_max=n_out)
-            ctx = LlamaContext(model, cfg)
+            ctx = LlamaContext(model, self._context_config(n_ctx, n_threads, n_out,
+                                                                 self._flash_attn_at_open(n_threads)))
         except BaseException:
             model.close()
             raise
@@ -161,6 +168,80 @@ class Residency:
             model.close()
             raise
         return model, ctx, draft
+
+    def _context_config(self, n_ctx: int, n_threads: int, n_out: int | None,
+                        fa: bool | None) -> ContextConfig:
+        s = self.spec
+        return ContextConfig(n_ctx=n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_seq_max=s.n_slots,
+                             n_threads=n_threads, kv_type=s.kv_type, n_outputs_max=n_out, flash_attn=fa)
+
+    # --- attention kind (attention.py) --------------------------------------------------
+    def _attn_free(self) -> bool:
+        s = self.spec
+        return attention.free_choice(s.flash_attn, s.n_gpu_layers, s.kv_type, s.flash_attn_off_fits)
+
+    def _attn_key(self, n_threads: int) -> str:
+        from edge.runtime.backend import probe_backends
+
+        return attention.verdict_key(self.spec.model_path, probe_backends().system_info, n_threads,
+                                     self.spec.n_verify)
+
+    def _flash_attn_at_open(self, n_threads: int) -> bool | None:
+        """The context's flash attention: the setting, else a verdict measured on an earlier
+        start, else on (what llama.cpp's auto picks on a CPU) until `choose_attention` measures."""
+        if not self._attn_free():
+            self.flash_attn = attention.fixed_choice(self.spec.flash_attn)
+            self.attention = "setting"
+            if self.flash_attn is None and self.spec.kv_type != "f16":
+                self.flash_attn, self.attention = True, "a quantized KV cache needs it"
+            elif self.flash_attn is None:
+                self.attention = "llama.cpp auto"
+            return self.flash_attn
+        if self.attn_timing is None:
+            self.attn_timing = attention.load_verdict(self._attn_key(n_threads))
+            if self.attn_timing is not None:
+                self.attention = "measured on an earlier start"
+        self.flash_attn = True if self.attn_timing is None else self.attn_timing.flash_attn
+        return self.flash_attn
+
+    def choose_attention(self, n_threads: int) -> None:
+        """Engine thread, before the first step: time both kinds where the choice is free and no
+        earlier start did, keep the verdict, and remake the context if the other kind won."""
+        if not self.loaded or not self._attn_free() or self.attn_timing is not None:
+            return
+        assert self.model is not None and self.ctx is not None
+        n_verify = self.spec.n_verify
+        on = attention.measure(self.model, n_threads, True, n_verify)
+        off = attention.measure(self.model, n_threads, False, n_verify)
+        best = attention.choose(on, off)
+        self.attn_timing, self.attention = best, "measured at load"
+        attention.save_verdict(self._attn_key(n_threads), best)
+        log.info("flash attention %s: a nominal request takes %.2f s with it, %.2f s without "
+                 "(prompt %.2f/%.2f ms per token, step %.1f/%.1f ms, verify %.1f/%.1f ms)",
+                 "on" if best.flash_attn else "off", on.request_s(), off.request_s(),
+                 on.prompt_token_s * 1e3, off.prompt_token_s * 1e3, on.step_s * 1e3, off.step_s * 1e3,
+                 on.verify_s * 1e3, off.verify_s * 1e3)
+        if best.flash_attn != self.flash_attn:
+            self._remake_context(n_threads, best.flash_attn)
+
+    def _remake_context(self, n_threads: int, fa: bool) -> None:
+        """Replace the (empty) context with one of the other attention kind: the old one goes
+        first, so two KV caches never coexist; should the new one fail, the old kind returns."""
+        assert self.model is not None and self.ctx is not None
+        n_ctx, n_out = self.ctx.n_ctx, self.spec.n_outputs if self.spec_blocker is None else None
+        with self.lock:
+            if self.batch is not None:
+                self.batch.free()
+            self.ctx.close()
+            self.ctx = self.batch = self._live = None
+        try:
+            ctx = LlamaContext(self.model, self._context_config(n_ctx, n_threads, n_out, fa))
+        except ModelLoadError as exc:
+            log.warning("no context without/with flash attention (%s): keeping the other kind", exc)
+            fa = not fa
+            ctx = LlamaContext(self.model, self._context_config(n_ctx, n_threads, n_out, fa))
+        self.flash_attn = fa
+        self.install(self.model, ctx, self.draft)
 
     def install(self, model: LlamaModel, ctx: LlamaContext, draft: DraftModel | None = None) -> None:
         """Make a freshly opened model and context current."""

@@ -388,6 +388,8 @@ class StepLoop(Delivery):
             spec_drafted=self.spec.drafted,
             spec_accepted=self.spec.accepted,
             spec_draft_len=self.spec.last_draft_len,
+            flash_attn=self.res.flash_attn,
+            attention=self.res.attention,
         )
 
     def _embed_counts(self) -> dict[str, int]:

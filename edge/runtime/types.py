@@ -181,6 +181,8 @@ class EngineStats:
     spec_drafted: int = 0  # draft tokens verified, cumulative
     spec_accepted: int = 0  # of those, accepted, cumulative
     spec_draft_len: float = 0.0  # mean draft length per decoding sequence in the last step
+    flash_attn: bool | None = None  # the context's flash attention (None: llama.cpp's auto)
+    attention: str = ""  # how that was chosen (setting, measured at load or on an earlier start, ...)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,8 @@ class FakeResidency:
         self.live = Live(FakeModel(), ctx, batch, n_ctx_seq=ctx.n_ctx)  # type: ignore[arg-type]
         self.loaded = True
         self.touched = 0
+        self.flash_attn: bool | None = None
+        self.attention = "llama.cpp auto"
 
     def touch(self, t_s: float | None = None) -> None:
         self.touched += 1
