@@ -287,6 +287,11 @@ class LlamaContext:
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
 
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Let `dst` own `src`'s cells of positions [p0, p1) too (shared, not copied, in a
+        unified cache)."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
     def seq_pos_min(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id))
 

@@ -74,6 +74,7 @@ class Live:
     batch: Batch
     n_ctx_seq: int  # cells one sequence may hold
     draft: DraftModel | None = None  # the draft model's context, when it drafts
+    share_prefixes: bool = False  # sequences may own cells together (no sliding window, no recurrence)
 
     @property
     def n_ctx(self) -> int:
@@ -252,7 +253,7 @@ class Residency:
             self.template = load_template(self._template_override or model.chat_template(),
                                           model.token_text(model.bos_id), model.token_text(model.eos_id))
         self.batch = Batch(ctx.n_batch)
-        self._live = Live(model, ctx, self.batch, self.n_ctx, draft)
+        self._live = Live(model, ctx, self.batch, self.n_ctx, draft, self.spec_blocker is None)
 
     def warm_up(self) -> None:
         """Decode once and forget it (engine thread; see `open`)."""

@@ -145,7 +145,7 @@ class StepLoop(Delivery):
         return StepView(
             live.n_ctx, live.batch.capacity, self.budget, tuple(s.view() for s in self.slots),
             tuple(SeqView(sid, q.key, q.n_prompt_left) for sid, q in self.running.items()),
-            waiting, self._off_owed_s, *self._draft_view(live))
+            waiting, self._off_owed_s, *self._draft_view(live), share_prefixes=live.share_prefixes)
 
     def _draft_view(self, live: Live) -> DraftView:
         """What the plan needs to give drafts: each decoding sequence's guess (no deeper than the
@@ -214,7 +214,10 @@ class StepLoop(Delivery):
             for sid in a.evict:
                 self._drop_kv(live, self.slots[sid])
             slot = self.slots[a.seq_id]
-            n_keep = self._trim_slot(live, slot, a.n_keep)
+            if a.source >= 0:
+                n_keep = self._share_prefix(live, slot, self.slots[a.source], a.n_keep)
+            else:
+                n_keep = self._trim_slot(live, slot, a.n_keep)
             as_planned = as_planned and n_keep == a.n_keep
             slot.state = SlotState.PREFILL
             slot.last_used = self._step_no
@@ -236,6 +239,15 @@ class StepLoop(Delivery):
         if n_keep == 0:
             ctx.seq_rm(slot.seq_id, -1, -1)
         del slot.tokens[n_keep:]
+        return n_keep
+
+    def _share_prefix(self, live: Live, slot: Slot, source: Slot, n_keep: int) -> int:
+        """The slot drops its own cache and owns `source`'s first n_keep cells as well."""
+        self._drop_kv(live, slot)
+        n_keep = min(n_keep, len(source.tokens))
+        if n_keep > 0:
+            live.ctx.seq_cp(source.seq_id, slot.seq_id, 0, n_keep)
+            slot.tokens.extend(source.tokens[:n_keep])
         return n_keep
 
     def _drop_kv(self, live: Live, slot: Slot) -> None:

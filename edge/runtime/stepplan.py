@@ -73,12 +73,14 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 class SlotChoice:
     seq_id: int
     n_reuse: int  # prompt tokens whose KV is kept (never the last prompt token)
+    source: int = -1  # the slot whose first n_reuse cells it shares (llama_memory_seq_cp); -1: its own
 
 
 CACHE_LOSS_WEIGHT = 0.5  # a cached token overwritten counts half a prompt token reused now
 
 
-def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int]) -> SlotChoice | None:
+def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int],
+                share: bool = False) -> SlotChoice | None:
     """Pick the idle slot that best serves `prompt`: the most prompt tokens reused now, less
     half of the cached tokens its tail overwrites (CACHE_LOSS_WEIGHT).
 
@@ -90,20 +92,35 @@ def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int]) -> Slot
     overwrites. Ties (including "nothing shared") go to the least recently used slot, so a
     cached conversation survives as long as possible. At least the last prompt token is
     always re-evaluated so that the step produces logits for it.
+
+    With `share` (a KV cache whose cells several sequences may own: llama.cpp's unified cache
+    without a sliding window), the longest prefix held by *any* slot, running ones included,
+    is reused wherever the prompt goes: its cells are shared, not copied
+    (`llama_memory_seq_cp`), so the empty slot gets the template's opening and system prompt
+    for free and no cell is spent twice. A conversation's next turn still continues in its own
+    slot (on a tie, a slot's own cache before a shared one).
     """
-    best: Slot | SlotView | None = None
-    best_n, best_score = -1, float("-inf")
+    cap = max(0, len(prompt) - 1)
+    src, shared = -1, 0
+    if share:
+        for slot in slots:
+            n = min(common_prefix_len(slot.tokens, prompt), cap)
+            if n > shared:
+                src, shared = slot.seq_id, n
+    best: tuple[float, bool, int] | None = None
+    best_choice: SlotChoice | None = None
     for slot in slots:
         if slot.state is not SlotState.IDLE:
             continue
-        n = common_prefix_len(slot.tokens, prompt)
-        score = n - CACHE_LOSS_WEIGHT * (len(slot.tokens) - n)
-        older = best is not None and slot.last_used < best.last_used
-        if score > best_score or (score == best_score and older):
-            best, best_n, best_score = slot, n, score
-    if best is None:
-        return None
-    return SlotChoice(best.seq_id, max(0, min(best_n, len(prompt) - 1)))
+        own = min(common_prefix_len(slot.tokens, prompt), cap)
+        held = len(slot.tokens)
+        choice, lost = (SlotChoice(slot.seq_id, shared, src), held) if shared > own else \
+            (SlotChoice(slot.seq_id, own), held - own)
+        # ties: a slot's own cache before a shared one, then the least recently used slot
+        rank = (choice.n_reuse - CACHE_LOSS_WEIGHT * lost, choice.source < 0, -slot.last_used)
+        if best is None or rank > best:
+            best, best_choice = rank, choice
+    return best_choice
 
 
 def admission_key(priority: Priority, arrival: int) -> tuple[int, int]:
@@ -229,17 +246,20 @@ class StepView:
     draft_asks: tuple[DraftAsk, ...] = ()  # decoding sequences' guesses (speculative decoding)
     step_cost: tuple[tuple[int, float], ...] = ()  # measured seconds of a step by batch tokens
     draft_token_s: float = 0.0  # measured seconds of guessing one token (a draft model's decode)
+    share_prefixes: bool = False  # slots may share prefix cells (choose_slot)
 
 
 @dataclass(frozen=True)
 class Admit:
-    """Give waiting request `key` slot `seq_id`, keeping `n_keep` cached prompt tokens, after
-    dropping the prompt caches of the idle slots in `evict`."""
+    """Give waiting request `key` slot `seq_id`, keeping `n_keep` cached prompt tokens (its own,
+    or slot `source`'s first n_keep cells, shared), after dropping the prompt caches of the idle
+    slots in `evict`."""
 
     key: tuple[int, int]
     seq_id: int
     n_keep: int
     evict: tuple[int, ...] = ()
+    source: int = -1
 
 
 @dataclass(frozen=True)
@@ -282,18 +302,23 @@ def plan_admissions(view: StepView, knobs: Knobs) -> tuple[list[Admit], list[Seq
             break  # admission order: everything behind it is background too
         if not may_admit(holder_keys, w.key, knobs.active_limit):
             break
-        choice = choose_slot(slots, w.prompt)
+        choice = choose_slot(slots, w.prompt, view.share_prefixes)
         if choice is None:
             break
         slot = slots[choice.seq_id]
-        n_keep = min(choice.n_reuse, slot.n_cells)
+        if choice.source >= 0:  # shared cells cost nothing; the slot's own cache goes
+            n_keep = min(choice.n_reuse, slots[choice.source].n_cells)
+            freed = slot.n_cells
+        else:
+            n_keep = min(choice.n_reuse, slot.n_cells)
+            freed = slot.n_cells - n_keep
         need = w.n_prompt - n_keep + 1
-        free = view.n_ctx - sum(s.n_cells for s in slots) + (slot.n_cells - n_keep)
+        free = view.n_ctx - sum(s.n_cells for s in slots) + freed
         evict: list[int] = []
         for sid in eviction_order(slots):
             if free >= need:
                 break
-            if sid != slot.seq_id:
+            if sid not in (slot.seq_id, choice.source):
                 free += slots[sid].n_cells
                 evict.append(sid)
         if free < need and running:
@@ -301,7 +326,7 @@ def plan_admissions(view: StepView, knobs: Knobs) -> tuple[list[Admit], list[Seq
         for sid in evict:
             slots[sid] = replace(slots[sid], n_cells=0, tokens=())
         slots[slot.seq_id] = replace(slot, state=SlotState.PREFILL, n_cells=n_keep, tokens=())
-        admits.append(Admit(w.key, slot.seq_id, n_keep, tuple(evict)))
+        admits.append(Admit(w.key, slot.seq_id, n_keep, tuple(evict), choice.source))
         holder_keys.append(w.key)
         running.append(SeqView(slot.seq_id, w.key, w.n_prompt - n_keep))
     return admits, running

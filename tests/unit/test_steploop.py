@@ -27,10 +27,14 @@ class FakeCtx:
     ptr: object = None
     removed: list[tuple[int, int, int]] = field(default_factory=list)
     threads: list[int] = field(default_factory=list)
+    shared: list[tuple[int, int, int, int]] = field(default_factory=list)  # seq_cp(src, dst, p0, p1)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         self.removed.append((seq_id, p0, p1))
         return True
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.shared.append((src, dst, p0, p1))
 
     def seq_pos_min(self, seq_id: int) -> int:
         return 0
@@ -92,8 +96,9 @@ class FakeSampler:
 
 
 class FakeResidency:
-    def __init__(self, ctx: FakeCtx, batch: FakeBatch) -> None:
-        self.live = Live(FakeModel(), ctx, batch, n_ctx_seq=ctx.n_ctx)  # type: ignore[arg-type]
+    def __init__(self, ctx: FakeCtx, batch: FakeBatch, share: bool = False) -> None:
+        self.live = Live(FakeModel(), ctx, batch, n_ctx_seq=ctx.n_ctx,  # type: ignore[arg-type]
+                         share_prefixes=share)
         self.loaded = True
         self.touched = 0
         self.flash_attn: bool | None = None
@@ -103,11 +108,13 @@ class FakeResidency:
         self.touched += 1
 
 
-def _loop(n_slots: int = 2, budget: int = 8, **kw: object) -> tuple[StepLoop, FakeCtx, FakeBatch]:
+def _loop(n_slots: int = 2, budget: int = 8, share: bool = False,
+          **kw: object) -> tuple[StepLoop, FakeCtx, FakeBatch]:
     ctx, batch = FakeCtx(**kw), FakeBatch()  # type: ignore[arg-type]
     box = Mailbox(Knobs(n_slots, 2))
     box.set_state(EngineState.READY)
-    loop = StepLoop(box, FakeResidency(ctx, batch), ManualClock(), n_slots, budget)  # type: ignore[arg-type]
+    loop = StepLoop(box, FakeResidency(ctx, batch, share), ManualClock(), n_slots,  # type: ignore[arg-type]
+                    budget)
     return loop, ctx, batch
 
 
@@ -159,6 +166,30 @@ def test_a_second_turn_reuses_the_cached_prefix_and_trims_only_the_tail() -> Non
     _submit(loop, _seq([10, 11, 12, 5, 20, 99], [EOS]))
     _run(loop)
     assert ctx.removed == [(0, 5, -1)]  # kept [10, 11, 12, 5, 20]; the diverging tail went
+
+
+def test_a_new_prompt_shares_the_opening_another_slot_holds_instead_of_evaluating_it() -> None:
+    loop, ctx, batch = _loop(share=True)
+    _submit(loop, _seq([1, 2, 3, 10, 11], [5, 6, EOS]))
+    _run(loop)
+    ctx.removed.clear()
+    _submit(loop, _seq([1, 2, 3, 20, 21], [EOS]))  # same template opening, another document
+    _run(loop)
+    assert ctx.shared == [(0, 1, 0, 3)]  # the empty slot owns slot 0's first three cells too
+    assert batch.decoded[-1] == [(1, 20, 3), (1, 21, 4)]  # only the new part is evaluated
+    assert loop.slots[0].tokens == [1, 2, 3, 10, 11, 5, 6]  # the first document's cache stays whole
+    assert loop.slots[1].tokens == [1, 2, 3, 20, 21]
+    assert (0, 3, -1) not in ctx.removed
+
+
+def test_without_shared_cells_the_opening_costs_the_other_cache_its_tail() -> None:
+    loop, ctx, batch = _loop(share=False)  # a sliding-window or recurrent cache
+    _submit(loop, _seq([1, 2, 3, 10, 11], [5, EOS]))
+    _run(loop)
+    _submit(loop, _seq([1, 2, 3, 20, 21], [EOS]))
+    _run(loop)
+    # the opening is reused by trimming the first document's cache instead
+    assert ctx.shared == [] and (0, 3, -1) in ctx.removed and batch.decoded[-1][0] == (0, 20, 3)
 
 
 def test_a_full_batch_drops_prompt_chunks_first_then_fails_the_newest_decoder() -> None:

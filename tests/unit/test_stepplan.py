@@ -7,6 +7,7 @@ from edge.runtime.stepplan import (
     EMBED_SHARE,
     SeqView,
     Slot,
+    SlotChoice,
     SlotState,
     SlotView,
     StepView,
@@ -238,6 +239,35 @@ def test_plan_gives_decoding_sequences_drafts_only_while_speculation_is_allowed(
     tight = StepView(n_ctx=256, batch_capacity=5, token_budget=32, slots=slots, running=view.running,
                      draft_asks=view.draft_asks, step_cost=cost)
     assert dict(plan_step(tight, Knobs(2, 2)).drafts) == {0: 3}  # what the batch has room for
+
+
+def test_shared_prefixes_come_from_any_slot_running_or_idle() -> None:
+    running = Slot(0, [1, 2, 3, 4, 5, 6], SlotState.DECODE)
+    empty = Slot(1, [])
+    prompt = [1, 2, 3, 4, 9, 9]
+    assert choose_slot([running, empty], prompt, share=True) == SlotChoice(1, 4, source=0)
+    assert choose_slot([running, empty], prompt) == SlotChoice(1, 0)  # a cache that cannot share
+    # a cached document is not overwritten for its template opening: the empty slot shares it
+    doc_a = Slot(0, [1, 2, 3, *range(100, 160)], last_used=1)
+    assert choose_slot([doc_a, empty], [1, 2, 3, *range(500, 540)], share=True) == SlotChoice(1, 3, 0)
+    # a question that leaves the document's cache early shares its start and keeps it whole
+    assert choose_slot([doc_a, empty], [1, 2, 3, 100, 101], share=True) == SlotChoice(1, 4, 0)
+    # the conversation's next turn continues in its own slot
+    turn = [1, 2, 3, *range(100, 160), 7, 8]
+    assert choose_slot([doc_a, empty], turn, share=True) == SlotChoice(0, 63)
+
+
+def test_an_admission_never_evicts_the_slot_it_shares_from() -> None:
+    # 16 cells: two idle caches of 6; the new prompt (10 tokens, 3 shared) needs 8 free
+    a = SlotView(0, SlotState.IDLE, last_used=1, n_cells=6, tokens=[1, 2, 3, 7, 7, 7])
+    b = SlotView(1, SlotState.IDLE, last_used=2, n_cells=6, tokens=[8, 8, 8, 8, 8, 8])
+    c = SlotView(2, SlotState.IDLE, last_used=3, n_cells=0)
+    view = StepView(16, 32, 32, (a, b, c), waiting=(WaitView((0, 1), 10, [1, 2, 3, *range(20, 27)]),),
+                    share_prefixes=True)
+    plan = plan_step(view, Knobs(3, 2))
+    (adm,) = plan.admit
+    assert (adm.seq_id, adm.n_keep, adm.source) == (2, 3, 0)
+    assert adm.evict == (1,)  # the least recently used is slot 0, but its cells are being shared
 
 
 def test_choose_slot_does_not_overwrite_a_cached_document_for_the_template_opening() -> None:
