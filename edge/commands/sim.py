@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Any
 
+from edge.config import DEFAULT_DRAFT_MAX
 from edge.sim.harness import POLICIES, PROFILES, SCENARIOS, run_scenario, sweep
 from edge.sim.throughput import DEFAULT_CALIBRATION, load_throughput
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         by_policy: dict[str, dict[str, Any]] = {}
         for pol in policies:
             m = run_scenario(sc, pol, profile, tp, args.duration_s, seed,
-                             draft_max=8 if args.speculative == "ngram" else 0)
+                             draft_max=DEFAULT_DRAFT_MAX if args.speculative == "ngram" else 0)
             row = {k: m.as_dict()[k] for k in JSON_KEYS}
             row.update({k: m.extra[k] for k in ("spec_drafted", "spec_accepted") if k in m.extra})
             row.update(profile=profile, seed=seed, lost_without_error=m.lost_without_error,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import llama_cpp
 
+from edge.config import DEFAULT_DRAFT_MAX
 from edge.errors import ConfigError, DraftVocabMismatch, InvalidRequest
 from edge.runtime.model import LlamaModel
 
@@ -65,7 +66,6 @@ def check_draft_vocab(target: LlamaModel, draft: LlamaModel) -> None:
 
 
 MODES = ("off", "ngram", "draft")
-DEFAULT_DRAFT_MAX = 8
 
 
 def spec_config(mode: str | None, draft_max: int | None, draft_model: str | Path | None,

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from edge.runtime.speculative import PROBE_EVERY, Acceptance, DraftAsk, NgramDrafter, StepCost
+from edge.runtime.speculative import PROBE_EVERY, Acceptance, DraftAsk, MatchStats, NgramDrafter, StepCost
 
 if TYPE_CHECKING:
     from edge.runtime.draft_model import DraftModel
@@ -41,6 +41,9 @@ class SeqSpec:
     draft: list[int] = field(default_factory=list)  # the planned part of it (verified after decode)
     shadow: list[int] = field(default_factory=list)  # a free guess not drafted, checked as tokens come
     shadow_hit: int = 0  # how many of its tokens came so far
+    guess_match: int = 0  # the match length behind the guess (speculative.NgramDrafter.match_len)
+    draft_match: int = 0  # ... behind the draft
+    shadow_match: int = 0  # ... behind the shadow
 
     def commit(self, tok: int) -> None:
         """A token was emitted: the drafter learns it, and a pending shadow guess is checked.
@@ -55,7 +58,7 @@ class SeqSpec:
                 self.shadow_hit += 1
                 if self.shadow_hit < len(sh):
                     return
-            self.acc.learn(len(sh), self.shadow_hit)
+            self.acc.learn(self.shadow_match, len(sh), self.shadow_hit)
             self.shadow, self.shadow_hit = [], 0
 
 
@@ -66,6 +69,7 @@ class Speculation:
         self.mode = mode  # "off", "ngram" or "draft"
         self.k = max(1, k)
         self.cost = StepCost()
+        self.matches = MatchStats(Acceptance.SHARED_DECAY)  # acceptance by match length, all sequences
         self.drafted = 0
         self.accepted = 0
         self.last_draft_len = 0.0
@@ -79,7 +83,8 @@ class Speculation:
         if not self.on or speculative is False or n_draft == 0:
             return None
         cap = self.k if n_draft is None else min(self.k, n_draft)
-        return SeqSpec(NgramDrafter(prompt), forced=speculative is True, cap=cap)
+        return SeqSpec(NgramDrafter(prompt), forced=speculative is True, cap=cap,
+                       acc=Acceptance(self.matches))
 
     def view(self, cands: Iterable[tuple[int, SeqSpec, int]], model: DraftModel | None) -> DraftView:
         """(seq id, state, most tokens it may draft now) -> what the plan chooses from: the
@@ -87,14 +92,15 @@ class Speculation:
         out: list[DraftAsk] = []
         by_model = self.mode == "draft"
         for sid, sp, limit in cands:
-            if by_model:
-                sp.guess = []
+            if by_model:  # a draft model's guesses are learnt as one kind (match length 0)
+                sp.guess, sp.guess_match = [], 0
                 n = min(sp.cap, limit) if model is not None else 0
             else:
                 sp.guess = sp.drafter.draft(min(sp.cap, limit))
+                sp.guess_match = sp.drafter.match_len
                 n = len(sp.guess)
             if n > 0:
-                out.append(DraftAsk(sid, n, sp.acc.rate, sp.forced,
+                out.append(DraftAsk(sid, n, sp.acc.rate(sp.guess_match), sp.forced,
                                     probe=sp.acc.steps_since_draft >= PROBE_EVERY))
         return tuple(out), self.cost.table(), model.token_s if by_model and model is not None else 0.0
 
@@ -113,18 +119,18 @@ class Speculation:
                 sp.guess = got.get(sid, [])
         for sid, sp in specs.items():
             n = chosen.get(sid, 0)
-            sp.draft = sp.guess[:n]
+            sp.draft, sp.draft_match = sp.guess[:n], sp.guess_match
             if not n:
                 sp.acc.steps_since_draft += 1
                 if sp.guess and not sp.shadow and self.mode == "ngram":
-                    sp.shadow, sp.shadow_hit = sp.guess, 0
+                    sp.shadow, sp.shadow_hit, sp.shadow_match = sp.guess, 0, sp.guess_match
         self.last_draft_len = sum(chosen.values()) / len(specs) if specs else 0.0
 
     def settle(self, sp: SeqSpec, n_accepted: int) -> None:
         """After verifying `sp.draft`: update the estimate and the counters."""
         n = len(sp.draft)
         if n:
-            sp.acc.observe(n, n_accepted)
+            sp.acc.observe(sp.draft_match, n, n_accepted)
             self.drafted += n
             self.accepted += n_accepted
         sp.draft = []

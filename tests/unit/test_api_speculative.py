@@ -42,7 +42,7 @@ def test_bad_values_are_a_400_naming_the_field(client_engine, extra, param) -> N
 
 
 def test_settings_speculative_mode_and_draft_model() -> None:
-    assert Settings().speculative == "ngram" and Settings().draft_max == 8  # on by default for serve
+    assert Settings().speculative == "ngram" and Settings().draft_max == 16  # on by default for serve
     assert Settings(speculative="ngram").speculative == "ngram"
     with pytest.raises(Exception, match="draft_model"):
         Settings(speculative="draft")

@@ -9,13 +9,17 @@ import numpy as np
 import pytest
 
 from edge.runtime.speculative import (
+    MATCH_BUCKETS,
     MIN_RATE,
+    PRIOR_RATES,
     Acceptance,
     DraftAsk,
+    MatchStats,
     NgramDrafter,
     StepCost,
     choose_drafts,
     expected_tokens,
+    match_bucket,
     verify,
 )
 
@@ -32,10 +36,14 @@ def test_drafter_finds_the_continuation_of_an_earlier_occurrence() -> None:
 def test_drafter_prefers_the_longest_and_most_recent_match() -> None:
     # "2 3" was followed by 7 last time, but "1 2 3" by 4: the longer match wins
     d = NgramDrafter([1, 2, 3, 4, 8, 2, 3, 7, 1, 2, 3])
-    assert d.draft(1) == [4]
+    assert d.draft(1) == [4] and d.match_len == 3
     # with only "2 3" matching, the most recent occurrence wins
     d2 = NgramDrafter([2, 3, 4, 5, 2, 3, 7, 6, 2, 3])
-    assert d2.draft(2) == [7, 6]
+    assert d2.draft(2) == [7, 6] and d2.match_len == 2
+    # a long copied passage: the match is followed back as far as it goes (up to MAX_MATCH)
+    text = list(range(100, 160))
+    d3 = NgramDrafter([*text, 7, *text[:50]])
+    assert d3.draft(4) == text[50:54] and d3.match_len == 48
 
 
 def test_drafter_grows_with_committed_tokens_and_needs_two_tokens_of_match() -> None:
@@ -151,14 +159,18 @@ def test_speculative_sampling_leaves_the_distribution_unchanged() -> None:
 
 def test_acceptance_rate_tracks_observations() -> None:
     a = Acceptance()
-    assert a.rate == pytest.approx(0.5)
+    assert a.rate(2) == pytest.approx(PRIOR_RATES[0])
     for _ in range(30):
-        a.observe(4, 4)  # every draft fully accepted
-    assert a.rate > 0.95
+        a.observe(2, 4, 4)  # every draft fully accepted
+    assert a.rate(2) > 0.95
     for _ in range(30):
-        a.observe(4, 0)
-    assert a.rate < MIN_RATE
-    assert a.drafted == 240 and a.accepted == 120
+        a.observe(2, 4, 0)
+    # its own failures outweigh the server-wide table (which still remembers the accepts)
+    assert a.rate(2) < 0.25 < 0.5 < a.shared.rate(match_bucket(2))
+    for _ in range(30):
+        a.observe(2, 4, 0)
+    assert a.rate(2) < MIN_RATE
+    assert a.drafted == 360 and a.accepted == 120
 
 
 def test_step_cost_interpolates_and_extrapolates() -> None:
@@ -296,20 +308,27 @@ def test_chooser_looks_past_a_dip_in_the_step_cost() -> None:
     assert choose_drafts([DraftAsk(0, 1, 0.9)], 1, c) == {}  # 1 drafted (a 2-token step) does not pay here
 
 
-def test_acceptance_is_estimated_apart_after_a_whole_accept_and_after_a_miss() -> None:
-    # runs of guesses: a copied stretch is accepted whole draft after draft, the first draft
-    # past its end fails at once; the estimate follows the state the sequence is in
-    a = Acceptance()
+def test_acceptance_is_learnt_per_match_length_and_shared_with_the_next_request() -> None:
+    # a copied passage is guessed right draft after draft behind a long match, while guesses
+    # behind a two-token match (a common phrase) fail: one average would blur the two
+    shared = MatchStats(Acceptance.SHARED_DECAY)
+    a = Acceptance(shared)
     for _ in range(20):
         for _ in range(3):
-            a.observe(6, 6)
+            a.observe(40, 6, 6)
         for _ in range(5):
-            a.observe(6, 0)
-    after_miss = a.rate
-    assert a.state == 0 and after_miss < 0.7  # after a miss the next draft usually fails too
-    a.learn(6, 6)  # a shadow guess (not drafted) that held: the state moves, the totals do not
-    assert a.state == 1 and a.rate > 0.85 and a.rate - after_miss > 0.25  # after a whole accept it holds
+            a.observe(2, 6, 0)
+    assert a.rate(40) > 0.9 and a.rate(2) < 0.2
+    assert match_bucket(2) == 0 and match_bucket(40) == match_bucket(1000) == len(MATCH_BUCKETS)
     assert a.drafted == 20 * 8 * 6 and a.accepted == 20 * 3 * 6
+    # the next request on this server starts from what the shared table has seen, not the prior
+    b = Acceptance(shared)
+    assert b.rate(40) > PRIOR_RATES[match_bucket(40)] and b.rate(2) < 0.3 < PRIOR_RATES[0]
+    assert b.drafted == 0
+    # its own drafts take over within a few observations (the prior weighs PRIOR_WEIGHT drafts)
+    for _ in range(6):
+        b.observe(2, 4, 4)
+    assert b.rate(2) > 0.8
 
 
 def test_a_guess_not_drafted_is_scored_against_the_tokens_that_follow() -> None:
@@ -324,11 +343,11 @@ def test_a_guess_not_drafted_is_scored_against_the_tokens_that_follow() -> None:
     assert sp.draft == [] and sp.shadow == [7, 8, 5, 6]
     for tok in (7, 8, 5, 6):
         sp.commit(tok)
-    assert sp.shadow == [] and sp.acc.state == 1  # it held, whole
-    assert sp.acc.n_acc[0] == pytest.approx(Acceptance.DECAY * 1.0 + 4)  # learnt in the state it was in
+    assert sp.shadow == [] and sp.shadow_match == 2  # it held, whole: learnt behind its 2-token match
+    assert sp.acc.own.n_acc[match_bucket(2)] == 4 and sp.acc.own.misses[match_bucket(2)] == 0
     assert spec.drafted == 0 and sp.acc.drafted == 0  # nothing was verified
     sp.shadow, sp.shadow_hit = [1, 2, 3], 0
     sp.commit(1)
     sp.commit(9)  # the second token differs: one of three held
-    assert sp.shadow == [] and sp.acc.state == 0
+    assert sp.shadow == [] and sp.acc.own.misses[match_bucket(2)] == 1
     assert sp.drafter.tokens[-6:] == [7, 8, 5, 6, 1, 9]  # the drafter saw every token
