@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     )
     draft_max: int = Field(DEFAULT_DRAFT_MAX, ge=1, le=32, description="Most tokens drafted per sequence and "
                            "step (the step plan drafts fewer wherever more does not pay).")
+    prompt_cache_mib: int = Field(
+        256, ge=0, le=1 << 20, description="Host memory (MiB) for prompt caches moved out of the KV "
+        "cache when another request takes a slot, restored when a prompt starts like one of them; "
+        "0 keeps idle caches in the KV cache (where they slow every step). Never more than the "
+        "memory plan leaves free."
+    )
     flash_attn: Literal["auto", "on", "off"] = Field(
         "auto", description="Flash attention. auto: with the weights on the CPU and an f16 KV cache, "
         "edge times both kinds once on this device and keeps the faster (the verdict is cached); "

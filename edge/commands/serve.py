@@ -66,6 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", default=None, metavar="MODEL",
                    help="draft model for --speculative draft (same vocabulary as the served model)")
     p.add_argument("--draft-max", type=int, default=None, metavar="K", help="most tokens drafted per step")
+    p.add_argument("--prompt-cache-mib", type=int, default=None, metavar="MIB",
+                   help="host memory for idle prompt caches moved out of the KV cache (default 256; 0: off)")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default=None,
                    help="flash attention (default auto: timed both ways on this device once, "
                    "the faster kept)")
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         draft_model=args.draft_model,
         draft_max=args.draft_max,
         flash_attn=args.flash_attn,
+        prompt_cache_mib=args.prompt_cache_mib,
     )
     api_key = bind_api_key(settings)
     agent_at = agent_bind(settings, keyed=api_key is not None)

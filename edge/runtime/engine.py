@@ -59,6 +59,8 @@ from edge.runtime.types import (
     TokenEvent,
 )
 
+PROMPT_CACHE_BYTES = 256 << 20  # host memory for stashed prompt caches (hostcache.py), by default
+
 
 class Engine:
     """Continuous-batching engine over llama.cpp; implements `EngineLike`.
@@ -99,6 +101,7 @@ class Engine:
         draft_model: str | Path | None = None,
         flash_attn: FlashAttn = "auto",
         flash_attn_off_fits: bool = True,
+        prompt_cache_bytes: int | None = None,
     ) -> None:
         if settings is not None:
             keep_alive_s = keep_alive_s if keep_alive_s is not None else settings.keep_alive_s
@@ -109,6 +112,8 @@ class Engine:
             speculative = speculative if speculative is not None else settings.speculative
             draft_max = draft_max if draft_max is not None else settings.draft_max
             flash_attn = settings.flash_attn if flash_attn == "auto" else flash_attn
+            if prompt_cache_bytes is None:
+                prompt_cache_bytes = settings.prompt_cache_mib << 20
         # --- speculative decoding (issue 20): off unless asked for (draft.spec_config) ---
         speculative, self.draft_max, n_outputs = spec_config(speculative, draft_max, draft_model, n_slots)
         # --- chat template choice (issue 15): NAME | FILE | text -> source; ConfigError if bad ---
@@ -129,7 +134,8 @@ class Engine:
                                    None if embedding_model is None else str(embedding_model))
         self._box = Mailbox(self._knobs)
         self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook,
-                              Speculation(speculative, self.draft_max))
+                              Speculation(speculative, self.draft_max),
+                              PROMPT_CACHE_BYTES if prompt_cache_bytes is None else prompt_cache_bytes)
         self._spec_mode = speculative
         self._thread_body = EngineThread(self._box, self.residency, self._loop, clock)
         self._thread: threading.Thread | None = None
@@ -166,6 +172,9 @@ class Engine:
         kw.setdefault("draft_max", settings.draft_max)
         kw.setdefault("flash_attn", settings.flash_attn)
         kw.setdefault("flash_attn_off_fits", plan.attn_free)
+        # host memory for stashed prompt caches: the setting, within what the plan leaves free
+        kw.setdefault("prompt_cache_bytes", min(settings.prompt_cache_mib << 20,
+                                                max(0, plan.available_bytes - plan.total_bytes)))
         if kw["speculative"] == "draft" and "draft_model" not in kw:
             kw["draft_model"] = prepare_draft_model(path, settings)  # DraftVocabMismatch names both
         if settings.embedding_model and "embedding_model" not in kw:

@@ -292,6 +292,19 @@ class LlamaContext:
         unified cache)."""
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
+    def seq_state(self, seq_id: int) -> bytes:
+        """A copy of one sequence's cells (positions, keys, values): see hostcache.py."""
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        return ctypes.string_at(buf, got)
+
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
+        """Write `seq_state` data back as sequence `seq_id` (which must hold no cells); False
+        when llama.cpp could not (no room, another layout)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return int(llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id)) > 0
+
     def seq_pos_min(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id))
 

@@ -21,6 +21,7 @@ from edge.errors import DecodeFailed
 from edge.runtime.delivery import Delivery
 from edge.runtime.embedqueue import EmbedQueue
 from edge.runtime.handle import Wakeups
+from edge.runtime.hostcache import HostCache
 from edge.runtime.sequence import Sequence, StepPerf
 from edge.runtime.spec_step import DraftView, SeqSpec, Speculation
 from edge.runtime.stepplan import (
@@ -55,7 +56,7 @@ class StepLoop(Delivery):
 
     def __init__(self, mailbox: Mailbox, residency: Residency, clock: Clock, n_slots: int,
                  step_token_budget: int, sample_hook: SampleHook | None = None,
-                 speculation: Speculation | None = None) -> None:
+                 speculation: Speculation | None = None, host_cache_bytes: int = 0) -> None:
         self.mailbox = mailbox
         self.res = residency
         self.clock = clock
@@ -64,6 +65,7 @@ class StepLoop(Delivery):
         self.sample_hook = sample_hook
         self.knobs = mailbox.knobs
         self.spec = speculation or Speculation("off", 1)  # speculative decoding (spec_step.py)
+        self.host = HostCache(host_cache_bytes)  # idle prompt caches out of the KV cache
         self.waiting: list[WaitEntry] = []
         self.running: dict[int, Sequence] = {}
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -103,6 +105,7 @@ class StepLoop(Delivery):
         for slot in self.slots:
             slot.tokens.clear()
             slot.state = SlotState.IDLE
+        self.host.clear()  # unloading is for memory: the stashed caches go with the context
 
     # --- one iteration --------------------------------------------------------------
     def iterate(self, cancels: bool) -> None:
@@ -137,6 +140,7 @@ class StepLoop(Delivery):
         """The plain data `plan_step` decides from (the first waiting requests only: no more
         than the idle slots can take)."""
         n_idle = sum(1 for s in self.slots if s.state is SlotState.IDLE)
+        stash = self.host.on and live.share_prefixes
         waiting: tuple[WaitView, ...] = ()
         if with_waiting and n_idle and self.waiting:
             wq = self.waiting
@@ -145,7 +149,8 @@ class StepLoop(Delivery):
         return StepView(
             live.n_ctx, live.batch.capacity, self.budget, tuple(s.view() for s in self.slots),
             tuple(SeqView(sid, q.key, q.n_prompt_left) for sid, q in self.running.items()),
-            waiting, self._off_owed_s, *self._draft_view(live), share_prefixes=live.share_prefixes)
+            waiting, self._off_owed_s, *self._draft_view(live), share_prefixes=live.share_prefixes,
+            stashed=self.host.views() if stash else (), stash=stash)
 
     def _draft_view(self, live: Live) -> DraftView:
         """What the plan needs to give drafts: each decoding sequence's guess (no deeper than the
@@ -214,10 +219,17 @@ class StepLoop(Delivery):
             for sid in a.evict:
                 self._drop_kv(live, self.slots[sid])
             slot = self.slots[a.seq_id]
+            if a.seq_id in a.stash:
+                self._stash(live, slot, drop=False)  # its own cache is not kept whole
             if a.source >= 0:
                 n_keep = self._share_prefix(live, slot, self.slots[a.source], a.n_keep)
+            elif a.restore >= 0:
+                n_keep = self._restore(live, slot, a.restore, a.n_keep)
             else:
                 n_keep = self._trim_slot(live, slot, a.n_keep)
+            for sid in a.stash:
+                if sid != a.seq_id:
+                    self._stash(live, self.slots[sid])
             as_planned = as_planned and n_keep == a.n_keep
             slot.state = SlotState.PREFILL
             slot.last_used = self._step_no
@@ -249,6 +261,24 @@ class StepLoop(Delivery):
             live.ctx.seq_cp(source.seq_id, slot.seq_id, 0, n_keep)
             slot.tokens.extend(source.tokens[:n_keep])
         return n_keep
+
+    def _stash(self, live: Live, slot: Slot, drop: bool = True) -> None:
+        """Move (or with `drop` False, copy) an idle slot's cache to host memory."""
+        if slot.tokens:
+            self.host.put(slot.tokens, live.ctx.seq_state(slot.seq_id))
+            if drop:
+                self._drop_kv(live, slot)
+
+    def _restore(self, live: Live, slot: Slot, key: int, n_keep: int) -> int:
+        """A stashed cache back as this slot's, cut to its first n_keep cells (0 if it failed)."""
+        entry = self.host.take(key)
+        self._drop_kv(live, slot)
+        if not live.ctx.set_seq_state(slot.seq_id, entry.data):
+            log.warning("could not restore a %d-token prompt cache; evaluating the prompt", len(entry.tokens))
+            live.ctx.seq_rm(slot.seq_id, -1, -1)
+            return 0
+        slot.tokens.extend(entry.tokens)
+        return self._trim_slot(live, slot, min(n_keep, len(entry.tokens)))
 
     def _drop_kv(self, live: Live, slot: Slot) -> None:
         live.ctx.seq_rm(slot.seq_id, -1, -1)
@@ -402,6 +432,9 @@ class StepLoop(Delivery):
             spec_draft_len=self.spec.last_draft_len,
             flash_attn=self.res.flash_attn,
             attention=self.res.attention,
+            prompt_cache_entries=len(self.host.entries),
+            prompt_cache_bytes=self.host.used_bytes,
+            prompt_cache_restored=self.host.restored,
         )
 
     def _embed_counts(self) -> dict[str, int]:

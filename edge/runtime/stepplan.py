@@ -70,17 +70,26 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 @dataclass(frozen=True)
+class StashView:
+    """A prompt cache moved to host memory (hostcache.py): restorable into an empty slot."""
+
+    key: int
+    tokens: Sequence[int]
+
+
+@dataclass(frozen=True)
 class SlotChoice:
     seq_id: int
     n_reuse: int  # prompt tokens whose KV is kept (never the last prompt token)
     source: int = -1  # the slot whose first n_reuse cells it shares (llama_memory_seq_cp); -1: its own
+    restore: int = -1  # the stashed cache restored into it first (StashView.key); -1: none
 
 
 CACHE_LOSS_WEIGHT = 0.5  # a cached token overwritten counts half a prompt token reused now
 
 
-def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int],
-                share: bool = False) -> SlotChoice | None:
+def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int], share: bool = False,
+                stashed: Sequence[StashView] = (), stash: bool = False) -> SlotChoice | None:
     """Pick the idle slot that best serves `prompt`: the most prompt tokens reused now, less
     half of the cached tokens its tail overwrites (CACHE_LOSS_WEIGHT).
 
@@ -97,8 +106,11 @@ def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int],
     without a sliding window), the longest prefix held by *any* slot, running ones included,
     is reused wherever the prompt goes: its cells are shared, not copied
     (`llama_memory_seq_cp`), so the empty slot gets the template's opening and system prompt
-    for free and no cell is spent twice. A conversation's next turn still continues in its own
-    slot (on a tie, a slot's own cache before a shared one).
+    for free and no cell is spent twice. A cache in host memory (`stashed`) that starts like
+    the prompt is restored instead where it reuses more. With `stash` a slot's own cache that
+    is not kept moves to host memory rather than being lost. On a tie: a slot's own cache,
+    then a shared prefix, then a restored one (it costs a copy); then the least recently used
+    slot.
     """
     cap = max(0, len(prompt) - 1)
     src, shared = -1, 0
@@ -107,19 +119,27 @@ def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int],
             n = min(common_prefix_len(slot.tokens, prompt), cap)
             if n > shared:
                 src, shared = slot.seq_id, n
-    best: tuple[float, bool, int] | None = None
+    key, restored = -1, 0
+    for e in stashed:
+        n = min(common_prefix_len(e.tokens, prompt), cap)
+        if n > restored:
+            key, restored = e.key, n
+    best: tuple[float, int, int] | None = None
     best_choice: SlotChoice | None = None
     for slot in slots:
         if slot.state is not SlotState.IDLE:
             continue
         own = min(common_prefix_len(slot.tokens, prompt), cap)
-        held = len(slot.tokens)
-        choice, lost = (SlotChoice(slot.seq_id, shared, src), held) if shared > own else \
-            (SlotChoice(slot.seq_id, own), held - own)
-        # ties: a slot's own cache before a shared one, then the least recently used slot
-        rank = (choice.n_reuse - CACHE_LOSS_WEIGHT * lost, choice.source < 0, -slot.last_used)
-        if best is None or rank > best:
-            best, best_choice = rank, choice
+        held = 0 if stash else len(slot.tokens)  # what is lost when the slot's own cache goes
+        options = [(own, 2, SlotChoice(slot.seq_id, own), held - (0 if stash else own))]
+        if shared > own:
+            options.append((shared, 1, SlotChoice(slot.seq_id, shared, source=src), held))
+        if restored > max(own, shared):
+            options.append((restored, 0, SlotChoice(slot.seq_id, restored, restore=key), held))
+        for reuse, kind, choice, lost in options:
+            rank = (reuse - CACHE_LOSS_WEIGHT * lost, kind, -slot.last_used)
+            if best is None or rank > best:
+                best, best_choice = rank, choice
     return best_choice
 
 
@@ -247,19 +267,25 @@ class StepView:
     step_cost: tuple[tuple[int, float], ...] = ()  # measured seconds of a step by batch tokens
     draft_token_s: float = 0.0  # measured seconds of guessing one token (a draft model's decode)
     share_prefixes: bool = False  # slots may share prefix cells (choose_slot)
+    stashed: tuple[StashView, ...] = ()  # prompt caches in host memory (hostcache.py)
+    stash: bool = False  # idle caches move to host memory when a request takes a slot
 
 
 @dataclass(frozen=True)
 class Admit:
     """Give waiting request `key` slot `seq_id`, keeping `n_keep` cached prompt tokens (its own,
-    or slot `source`'s first n_keep cells, shared), after dropping the prompt caches of the idle
-    slots in `evict`."""
+    slot `source`'s first n_keep cells, shared, or stashed cache `restore`'s), after dropping
+    the prompt caches of the idle slots in `evict`. The idle slots in `stash` move their
+    caches to host memory: `seq_id` itself first (when its own cache is not kept whole), the
+    others once the new sequence has its prefix."""
 
     key: tuple[int, int]
     seq_id: int
     n_keep: int
     evict: tuple[int, ...] = ()
     source: int = -1
+    restore: int = -1
+    stash: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -302,31 +328,40 @@ def plan_admissions(view: StepView, knobs: Knobs) -> tuple[list[Admit], list[Seq
             break  # admission order: everything behind it is background too
         if not may_admit(holder_keys, w.key, knobs.active_limit):
             break
-        choice = choose_slot(slots, w.prompt, view.share_prefixes)
+        choice = choose_slot(slots, w.prompt, view.share_prefixes, view.stashed, view.stash)
         if choice is None:
             break
         slot = slots[choice.seq_id]
+        need = w.n_prompt + 1
         if choice.source >= 0:  # shared cells cost nothing; the slot's own cache goes
             n_keep = min(choice.n_reuse, slots[choice.source].n_cells)
-            freed = slot.n_cells
+            freed, need = slot.n_cells, need - n_keep
+        elif choice.restore >= 0:  # restored cells are new ones
+            n_keep, freed = choice.n_reuse, slot.n_cells
         else:
             n_keep = min(choice.n_reuse, slot.n_cells)
-            freed = slot.n_cells - n_keep
-        need = w.n_prompt - n_keep + 1
+            freed, need = slot.n_cells - n_keep, need - n_keep
+        stash: list[int] = []
+        if view.stash:  # every idle cache but the one kept leaves the KV cache for host memory
+            keep_own = choice.source < 0 and choice.restore < 0 and n_keep == slot.n_cells
+            stash = [s.seq_id for s in slots if s.state is SlotState.IDLE and s.n_cells
+                     and (s.seq_id != slot.seq_id or not keep_own)]
+            freed += sum(slots[sid].n_cells for sid in stash if sid not in (slot.seq_id, choice.source))
         free = view.n_ctx - sum(s.n_cells for s in slots) + freed
         evict: list[int] = []
         for sid in eviction_order(slots):
             if free >= need:
                 break
-            if sid not in (slot.seq_id, choice.source):
+            if sid not in (slot.seq_id, choice.source, *stash):
                 free += slots[sid].n_cells
                 evict.append(sid)
         if free < need and running:
             break
-        for sid in evict:
+        for sid in (*evict, *stash):
             slots[sid] = replace(slots[sid], n_cells=0, tokens=())
         slots[slot.seq_id] = replace(slot, state=SlotState.PREFILL, n_cells=n_keep, tokens=())
-        admits.append(Admit(w.key, slot.seq_id, n_keep, tuple(evict), choice.source))
+        admits.append(Admit(w.key, slot.seq_id, n_keep, tuple(evict), choice.source, choice.restore,
+                            tuple(stash)))
         holder_keys.append(w.key)
         running.append(SeqView(slot.seq_id, w.key, w.n_prompt - n_keep))
     return admits, running

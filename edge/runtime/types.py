@@ -182,6 +182,9 @@ class EngineStats:
     spec_accepted: int = 0  # of those, accepted, cumulative
     spec_draft_len: float = 0.0  # mean draft length per decoding sequence in the last step
     flash_attn: bool | None = None  # the context's flash attention (None: llama.cpp's auto)
+    prompt_cache_entries: int = 0  # idle prompt caches held in host memory (hostcache.py)
+    prompt_cache_bytes: int = 0  # their size
+    prompt_cache_restored: int = 0  # restored into a slot instead of evaluated again, cumulative
     attention: str = ""  # how that was chosen (setting, measured at load or on an earlier start, ...)
 
 

@@ -28,6 +28,9 @@ class FakeCtx:
     removed: list[tuple[int, int, int]] = field(default_factory=list)
     threads: list[int] = field(default_factory=list)
     shared: list[tuple[int, int, int, int]] = field(default_factory=list)  # seq_cp(src, dst, p0, p1)
+    saved: list[int] = field(default_factory=list)  # seq_state(seq)
+    restored: list[tuple[int, bytes]] = field(default_factory=list)  # set_seq_state(seq, data)
+    restore_ok: bool = True
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         self.removed.append((seq_id, p0, p1))
@@ -35,6 +38,14 @@ class FakeCtx:
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         self.shared.append((src, dst, p0, p1))
+
+    def seq_state(self, seq_id: int) -> bytes:
+        self.saved.append(seq_id)
+        return f"cells of {seq_id}, save {len(self.saved)}".encode()
+
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
+        self.restored.append((seq_id, data))
+        return self.restore_ok
 
     def seq_pos_min(self, seq_id: int) -> int:
         return 0
@@ -108,13 +119,13 @@ class FakeResidency:
         self.touched += 1
 
 
-def _loop(n_slots: int = 2, budget: int = 8, share: bool = False,
+def _loop(n_slots: int = 2, budget: int = 8, share: bool = False, host_bytes: int = 0,
           **kw: object) -> tuple[StepLoop, FakeCtx, FakeBatch]:
     ctx, batch = FakeCtx(**kw), FakeBatch()  # type: ignore[arg-type]
     box = Mailbox(Knobs(n_slots, 2))
     box.set_state(EngineState.READY)
     loop = StepLoop(box, FakeResidency(ctx, batch, share), ManualClock(), n_slots,  # type: ignore[arg-type]
-                    budget)
+                    budget, host_cache_bytes=host_bytes)
     return loop, ctx, batch
 
 
@@ -190,6 +201,36 @@ def test_without_shared_cells_the_opening_costs_the_other_cache_its_tail() -> No
     _run(loop)
     # the opening is reused by trimming the first document's cache instead
     assert ctx.shared == [] and (0, 3, -1) in ctx.removed and batch.decoded[-1][0] == (0, 20, 3)
+
+
+def test_idle_caches_leave_the_kv_cache_for_host_memory_and_come_back() -> None:
+    loop, ctx, batch = _loop(share=True, host_bytes=1 << 20)
+    _submit(loop, _seq([1, 2, 3, 10, 11], [5, 6, EOS]))  # document A, in slot 0
+    _run(loop)
+    _submit(loop, _seq([1, 2, 3, 20, 21], [EOS]))  # document B starts like A
+    _run(loop)
+    # A's cache is copied out whole, then B keeps its first three cells
+    assert ctx.saved == [0] and (0, 3, -1) in ctx.removed and batch.decoded[-1] == [(0, 20, 3), (0, 21, 4)]
+    assert loop.stats is not None and loop.stats.prompt_cache_entries == 1
+    _submit(loop, _seq([1, 2, 3, 10, 11, 5, 6, 30], [EOS]))  # A's next turn: restored, not evaluated
+    _run(loop)
+    assert ctx.restored == [(1, b"cells of 0, save 1")]  # into the unused slot
+    assert batch.decoded[-1] == [(1, 30, 7)]  # only the new token
+    assert ctx.saved == [0, 0] and (0, -1, -1) in ctx.removed  # B moved out in its turn
+    assert loop.slots[0].tokens == [] and loop.slots[1].tokens == [1, 2, 3, 10, 11, 5, 6, 30]
+    assert loop.stats is not None and loop.stats.prompt_cache_restored == 1
+
+
+def test_a_restore_llama_cpp_refuses_evaluates_the_prompt_instead() -> None:
+    loop, ctx, batch = _loop(share=True, host_bytes=1 << 20, restore_ok=False)
+    _submit(loop, _seq([1, 2, 3, 10, 11], [EOS]))
+    _run(loop)
+    _submit(loop, _seq([4, 5, 6], [EOS]))
+    _run(loop)
+    _submit(loop, _seq([1, 2, 3, 10, 11, 30], [EOS]))
+    _run(loop)
+    assert len(ctx.restored) == 1 and (0, -1, -1) in ctx.removed
+    assert batch.decoded[-1][0] == (0, 1, 0) and len(batch.decoded[-1]) == 6  # the whole prompt
 
 
 def test_a_full_batch_drops_prompt_chunks_first_then_fails_the_newest_decoder() -> None:

@@ -10,6 +10,7 @@ from edge.runtime.stepplan import (
     SlotChoice,
     SlotState,
     SlotView,
+    StashView,
     StepView,
     WaitView,
     admission_key,
@@ -268,6 +269,38 @@ def test_an_admission_never_evicts_the_slot_it_shares_from() -> None:
     (adm,) = plan.admit
     assert (adm.seq_id, adm.n_keep, adm.source) == (2, 3, 0)
     assert adm.evict == (1,)  # the least recently used is slot 0, but its cells are being shared
+
+
+def test_a_stashed_cache_is_restored_where_it_reuses_the_most() -> None:
+    empty = Slot(1, [])
+    other = Slot(0, [1, 2, 3, *range(100, 110)], last_used=4)
+    doc = StashView(7, (1, 2, 3, *range(200, 240)))
+    prompt = [1, 2, 3, *range(200, 240), 9, 9]
+    choice = choose_slot([other, empty], prompt, share=True, stashed=[doc], stash=True)
+    assert choice == SlotChoice(1, 43, restore=7)
+    # with stashing, cutting a slot's cache short costs nothing (it is copied out whole first),
+    # so its own cells win over sharing them from it
+    assert choose_slot([other, empty], [1, 2, 3, 100, 5], share=True, stashed=[doc],
+                       stash=True) == SlotChoice(0, 4)
+    assert choose_slot([other, empty], [1, 2, 3, 100, 5], share=True) == SlotChoice(1, 4, source=0)
+
+
+def test_when_a_request_takes_a_slot_every_other_idle_cache_is_stashed() -> None:
+    a = SlotView(0, SlotState.IDLE, last_used=1, n_cells=6, tokens=[1, 2, 3, 7, 7, 7])
+    b = SlotView(1, SlotState.IDLE, last_used=2, n_cells=5, tokens=[1, 2, 8, 8, 8])
+    run = SlotView(2, SlotState.DECODE, last_used=3, n_cells=4, tokens=[1, 2, 3, 4])
+    c = SlotView(3, SlotState.IDLE, last_used=0, n_cells=0)
+    view = StepView(64, 32, 32, (a, b, run, c), running=(SeqView(2, (0, 0), 0),),
+                    waiting=(WaitView((0, 1), 6, [1, 2, 3, 7, 7, 9]),), share_prefixes=True, stash=True)
+    (adm,) = plan_step(view, Knobs(4, 2)).admit
+    # the prompt continues slot 0's cache except its last cell: slot 0 is copied out whole first
+    # (its tail is lost otherwise), then trimmed; slot 1 moves out; the running slot stays
+    assert (adm.seq_id, adm.n_keep, adm.stash, adm.evict) == (0, 5, (0, 1), ())
+    whole = StepView(64, 32, 32, (a, b, run, c), running=(SeqView(2, (0, 0), 0),),
+                     waiting=(WaitView((0, 1), 8, [1, 2, 3, 7, 7, 7, 5, 5]),), share_prefixes=True,
+                     stash=True)
+    (adm,) = plan_step(whole, Knobs(4, 2)).admit
+    assert (adm.seq_id, adm.n_keep, adm.stash) == (0, 6, (1,))  # kept whole: only the other moves
 
 
 def test_choose_slot_does_not_overwrite_a_cached_document_for_the_template_opening() -> None:
