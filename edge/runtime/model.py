@@ -292,9 +292,12 @@ class LlamaContext:
         unified cache)."""
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
+    def seq_state_size(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_state_seq_get_size(self.ptr, seq_id))
+
     def seq_state(self, seq_id: int) -> bytes:
         """A copy of one sequence's cells (positions, keys, values): see hostcache.py."""
-        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
+        size = self.seq_state_size(seq_id)
         buf = (ctypes.c_uint8 * size)()
         got = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
         return ctypes.string_at(buf, got)

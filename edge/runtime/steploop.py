@@ -263,8 +263,9 @@ class StepLoop(Delivery):
         return n_keep
 
     def _stash(self, live: Live, slot: Slot, drop: bool = True) -> None:
-        """Move (or with `drop` False, copy) an idle slot's cache to host memory."""
-        if slot.tokens:
+        """Move (or with `drop` False, copy) an idle slot's cache to host memory; one larger
+        than the whole budget stays where it is."""
+        if slot.tokens and live.ctx.seq_state_size(slot.seq_id) <= self.host.budget_bytes:
             self.host.put(slot.tokens, live.ctx.seq_state(slot.seq_id))
             if drop:
                 self._drop_kv(live, slot)

@@ -31,6 +31,7 @@ class FakeCtx:
     saved: list[int] = field(default_factory=list)  # seq_state(seq)
     restored: list[tuple[int, bytes]] = field(default_factory=list)  # set_seq_state(seq, data)
     restore_ok: bool = True
+    state_size: int = 100
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         self.removed.append((seq_id, p0, p1))
@@ -38,6 +39,9 @@ class FakeCtx:
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         self.shared.append((src, dst, p0, p1))
+
+    def seq_state_size(self, seq_id: int) -> int:
+        return self.state_size
 
     def seq_state(self, seq_id: int) -> bytes:
         self.saved.append(seq_id)
@@ -219,6 +223,16 @@ def test_idle_caches_leave_the_kv_cache_for_host_memory_and_come_back() -> None:
     assert ctx.saved == [0, 0] and (0, -1, -1) in ctx.removed  # B moved out in its turn
     assert loop.slots[0].tokens == [] and loop.slots[1].tokens == [1, 2, 3, 10, 11, 5, 6, 30]
     assert loop.stats is not None and loop.stats.prompt_cache_restored == 1
+
+
+def test_a_cache_larger_than_the_host_budget_stays_in_its_slot() -> None:
+    loop, ctx, _batch = _loop(share=True, host_bytes=1000, state_size=5000)
+    _submit(loop, _seq([1, 2, 3, 10, 11], [EOS]))
+    _run(loop)
+    _submit(loop, _seq([4, 5, 6], [EOS]))
+    _run(loop)
+    assert ctx.saved == [] and loop.slots[0].tokens == [1, 2, 3, 10, 11]  # kept, not lost
+    assert loop.slots[1].tokens == [4, 5, 6]
 
 
 def test_a_restore_llama_cpp_refuses_evaluates_the_prompt_instead() -> None:
