@@ -14,7 +14,7 @@ go first when the byte budget is reached; an entry that another one extends is d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from edge.runtime.stepplan import StashView, common_prefix_len
@@ -49,8 +49,9 @@ class HostCache:
     def views(self) -> tuple[StashView, ...]:
         return tuple(e.view() for e in self.entries.values())
 
-    def put(self, tokens: Sequence[int], data: bytes) -> None:
-        """Keep a slot's cache; an entry it extends goes, and it is not kept if one extends it."""
+    def put(self, tokens: Sequence[int], data: bytes, keep: Collection[int] = ()) -> None:
+        """Keep a slot's cache; an entry it extends goes, and it is not kept if one extends it.
+        Entries in `keep` (those a step about to run restores) stay whatever this costs."""
         toks = tuple(tokens)
         if not toks or not data or len(data) > self.budget_bytes:
             return
@@ -59,18 +60,25 @@ class HostCache:
             if shared == len(toks):  # already held, whole or as the start of a longer one
                 e.last_used = self._bump()
                 return
-            if shared == len(e.tokens):
+            if shared == len(e.tokens) and e.key not in keep:
                 self._drop(e)
-        while self.used_bytes + len(data) > self.budget_bytes and self.entries:
-            self._drop(min(self.entries.values(), key=lambda e: e.last_used))
+        kept_bytes = sum(len(e.data) for e in self.entries.values() if e.key in keep)
+        if kept_bytes + len(data) > self.budget_bytes:
+            return  # no room without losing what is about to be restored: not kept
+        while self.used_bytes + len(data) > self.budget_bytes:
+            evictable = (e for e in self.entries.values() if e.key not in keep)
+            self._drop(min(evictable, key=lambda e: e.last_used))
         self._next_key += 1
         self.entries[self._next_key] = Entry(self._next_key, toks, data, self._bump())
         self.used_bytes += len(data)
         self.stashed += 1
 
-    def take(self, key: int) -> Entry:
-        """The entry to restore (it stays: the slot may diverge from it and drop the rest)."""
-        e = self.entries[key]
+    def take(self, key: int) -> Entry | None:
+        """The entry to restore (it stays: the slot may diverge from it and drop the rest);
+        None if it is gone."""
+        e = self.entries.get(key)
+        if e is None:
+            return None
         e.last_used = self._bump()
         self.restored += 1
         return e

@@ -13,11 +13,11 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from edge.errors import DecodeFailed
+from edge.errors import DecodeFailed, EdgeError
 from edge.runtime.delivery import Delivery
 from edge.runtime.embedqueue import EmbedQueue
 from edge.runtime.handle import Wakeups
@@ -213,23 +213,18 @@ class StepLoop(Delivery):
         """Give the planned waiting requests their slots; False when a slot kept fewer cached
         tokens than planned (the plan's prompt chunks are then stale)."""
         as_planned = True
+        restoring = {a.restore for a in admits if a.restore >= 0}  # kept while others stash
         for a in admits:
             key, _, seq = heapq.heappop(self.waiting)
             assert key == a.key, "the plan admits in admission order"
-            for sid in a.evict:
-                self._drop_kv(live, self.slots[sid])
+            try:
+                n_keep = self._take_slot(live, a, restoring)
+            except BaseException as exc:  # not in `running` yet: fail_all would not reach it
+                self._drop_kv(live, self.slots[a.seq_id])  # whatever it holds is unaccounted for
+                seq.finish(FinishReason.ERROR, exc if isinstance(exc, EdgeError)
+                           else DecodeFailed(-100, f"internal error: {exc}"))
+                raise
             slot = self.slots[a.seq_id]
-            if a.seq_id in a.stash:
-                self._stash(live, slot, drop=False)  # its own cache is not kept whole
-            if a.source >= 0:
-                n_keep = self._share_prefix(live, slot, self.slots[a.source], a.n_keep)
-            elif a.restore >= 0:
-                n_keep = self._restore(live, slot, a.restore, a.n_keep)
-            else:
-                n_keep = self._trim_slot(live, slot, a.n_keep)
-            for sid in a.stash:
-                if sid != a.seq_id:
-                    self._stash(live, self.slots[sid])
             as_planned = as_planned and n_keep == a.n_keep
             slot.state = SlotState.PREFILL
             slot.last_used = self._step_no
@@ -239,6 +234,25 @@ class StepLoop(Delivery):
             self.running[slot.seq_id] = seq
             seq.started()  # the request holds a slot now: admission stops counting it as waiting
         return as_planned
+
+    def _take_slot(self, live: Live, a: Admit, restoring: set[int]) -> int:
+        """The KV side of one admission: evictions, stashes and the cache the slot starts from.
+        Returns the cached tokens kept (fewer than planned when a cache could not be had)."""
+        for sid in a.evict:
+            self._drop_kv(live, self.slots[sid])
+        slot = self.slots[a.seq_id]
+        if a.seq_id in a.stash:
+            self._stash(live, slot, drop=False, keep=restoring)  # its own cache is not kept whole
+        if a.source >= 0:
+            n_keep = self._share_prefix(live, slot, self.slots[a.source], a.n_keep)
+        elif a.restore >= 0:
+            n_keep = self._restore(live, slot, a.restore, a.n_keep)
+        else:
+            n_keep = self._trim_slot(live, slot, a.n_keep)
+        for sid in a.stash:
+            if sid != a.seq_id:
+                self._stash(live, self.slots[sid], keep=restoring)
+        return n_keep
 
     def _trim_slot(self, live: Live, slot: Slot, n_keep: int) -> int:
         """Remove the slot's KV beyond `n_keep`; fall back to a full clear when llama.cpp cannot
@@ -262,11 +276,11 @@ class StepLoop(Delivery):
             slot.tokens.extend(source.tokens[:n_keep])
         return n_keep
 
-    def _stash(self, live: Live, slot: Slot, drop: bool = True) -> None:
+    def _stash(self, live: Live, slot: Slot, drop: bool = True, keep: Collection[int] = ()) -> None:
         """Move (or with `drop` False, copy) an idle slot's cache to host memory; one larger
-        than the whole budget stays where it is."""
+        than the whole budget stays where it is. Entries in `keep` are not pushed out for it."""
         if slot.tokens and live.ctx.seq_state_size(slot.seq_id) <= self.host.budget_bytes:
-            self.host.put(slot.tokens, live.ctx.seq_state(slot.seq_id))
+            self.host.put(slot.tokens, live.ctx.seq_state(slot.seq_id), keep)
             if drop:
                 self._drop_kv(live, slot)
 
@@ -274,6 +288,8 @@ class StepLoop(Delivery):
         """A stashed cache back as this slot's, cut to its first n_keep cells (0 if it failed)."""
         entry = self.host.take(key)
         self._drop_kv(live, slot)
+        if entry is None:  # pushed out since the plan (kept only within one _admit)
+            return 0
         if not live.ctx.set_seq_state(slot.seq_id, entry.data):
             log.warning("could not restore a %d-token prompt cache; evaluating the prompt", len(entry.tokens))
             live.ctx.seq_rm(slot.seq_id, -1, -1)

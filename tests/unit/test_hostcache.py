@@ -38,3 +38,15 @@ def test_a_zero_budget_is_off() -> None:
     h = HostCache(0)
     h.put([1, 2], b"x")
     assert not h.on and not h.entries
+
+
+def test_entries_a_step_restores_are_neither_replaced_nor_evicted() -> None:
+    h = HostCache(budget_bytes=100)
+    h.put([1, 2, 3], b"a" * 40)
+    h.put([4, 5, 6], b"b" * 40)
+    keys = {e.tokens: e.key for e in h.entries.values()}
+    h.put([1, 2, 3, 4], b"c" * 10, keep={keys[(1, 2, 3)]})  # extends it, but it is about to be restored
+    assert (1, 2, 3) in {e.tokens for e in h.entries.values()} and len(h.entries) == 3
+    h.put([7], b"d" * 60, keep=set(keys.values()))  # room only by evicting kept ones: not kept itself
+    assert {e.tokens for e in h.entries.values()} == {(1, 2, 3), (4, 5, 6), (1, 2, 3, 4)}
+    assert h.take(keys[(1, 2, 3)]) is not None and h.take(12345) is None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from edge.clock import ManualClock
 from edge.runtime.handle import RequestHandle
 from edge.runtime.mailbox import Mail, Mailbox
@@ -223,6 +225,47 @@ def test_idle_caches_leave_the_kv_cache_for_host_memory_and_come_back() -> None:
     assert ctx.saved == [0, 0] and (0, -1, -1) in ctx.removed  # B moved out in its turn
     assert loop.slots[0].tokens == [] and loop.slots[1].tokens == [1, 2, 3, 10, 11, 5, 6, 30]
     assert loop.stats is not None and loop.stats.prompt_cache_restored == 1
+
+
+def test_a_cache_one_admission_restores_survives_another_stashing_its_extension() -> None:
+    """Two admissions in one step: the first moves an idle cache out that extends the host entry
+    the second restores; the entry must still be there (it was lost: KeyError, a failed step)."""
+    loop, _ctx, batch = _loop(share=True, host_bytes=1 << 20)
+    for prompt in ([1, 2, 3, 10, 11], [4, 5, 6], [1, 2, 3, 10, 11, 12]):
+        _submit(loop, _seq(prompt, [EOS]))
+        _run(loop)
+    assert sorted(e.tokens for e in loop.host.entries.values()) == [(1, 2, 3, 10, 11), (4, 5, 6)]
+    assert loop.slots[0].tokens == [1, 2, 3, 10, 11, 12] and loop.slots[1].tokens == []
+    first, second = _seq([4, 5, 6, 7], [8, EOS]), _seq([1, 2, 3, 10, 11, 99], [9, EOS])
+    _submit(loop, first, second)
+    _run(loop)
+    assert first.handle.done and second.handle.done  # (before: the step failed, both hung)
+    events = [list(first.handle), list(second.handle)]
+    assert [e[-1].finish_reason for e in events] == [FinishReason.STOP, FinishReason.STOP]
+    assert "".join(e.text for e in events[1]) == "<9>"
+    assert loop.stats is not None and loop.stats.prompt_cache_restored == 3  # [1 .. 11], [4, 5, 6], [1 .. 11]
+    rows = [r for d in batch.decoded for r in d]
+    assert (0, 99, 5) in rows or (1, 99, 5) in rows  # only the new token of the second one evaluated
+
+
+def test_a_request_whose_admission_fails_hears_the_error() -> None:
+    loop, ctx, _batch = _loop(share=True, host_bytes=1 << 20)
+    _submit(loop, _seq([1, 2, 3], [EOS]))
+    _run(loop)
+    _submit(loop, _seq([4, 5], [EOS]))  # slot 0's cache goes to host memory for this one
+    _run(loop)
+
+    def broken(seq_id: int, data: bytes) -> bool:
+        raise RuntimeError("restore blew up")
+
+    ctx.set_seq_state = broken  # type: ignore[method-assign]
+    seq = _seq([1, 2, 3, 4], [EOS])
+    _submit(loop, seq)
+    with pytest.raises(RuntimeError):  # the engine thread logs it and fails what runs
+        loop.iterate(cancels=True)
+    assert seq.handle.done  # (before: it was in neither `waiting` nor `running`, and hung)
+    events = list(seq.handle)
+    assert events and events[-1].finish_reason is FinishReason.ERROR
 
 
 def test_a_cache_larger_than_the_host_budget_stays_in_its_slot() -> None:
