@@ -111,10 +111,12 @@ class Settings(BaseSettings):
         "0 keeps idle caches in the KV cache (where they slow every step). Never more than the "
         "memory plan leaves free."
     )
-    flash_attn: Literal["auto", "on", "off"] = Field(
-        "auto", description="Flash attention. auto: with the weights on the CPU and an f16 KV cache, "
-        "edge times both kinds once on this device and keeps the faster (the verdict is cached); "
-        "elsewhere llama.cpp's own choice. A quantized KV cache always uses it."
+    flash_attn: Literal["auto", "on", "off", "fastest"] = Field(
+        "auto", description="Flash attention. auto: llama.cpp's choice (on wherever the backend has "
+        "it). fastest: with the weights on the CPU and an f16 KV cache, edge times both kinds once on "
+        "this device and keeps the faster (the verdict is cached); without flash attention greedy "
+        "output may then change with batching (speculation, prompt-cache hits). A quantized KV "
+        "cache always uses it."
     )
 
     # --- server ---

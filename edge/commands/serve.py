@@ -68,9 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-max", type=int, default=None, metavar="K", help="most tokens drafted per step")
     p.add_argument("--prompt-cache-mib", type=int, default=None, metavar="MIB",
                    help="host memory for idle prompt caches moved out of the KV cache (default 256; 0: off)")
-    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default=None,
-                   help="flash attention (default auto: timed both ways on this device once, "
-                   "the faster kept)")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off", "fastest"), default=None,
+                   help="flash attention (default auto: llama.cpp's choice; fastest: timed both ways on "
+                   "this device once and the faster kept, greedy output may then vary with batching)")
     p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
     add_settings_args(p)
     p.set_defaults(func=run)

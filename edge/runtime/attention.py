@@ -1,4 +1,5 @@
-"""Flash attention or not: chosen by timing both on this device, once per model, build and threads.
+"""Flash attention or not, with `--flash-attn fastest`: both timed on this device, once per model,
+build and threads.
 
 llama.cpp's own `auto` turns flash attention on wherever the backend has the kernel. On a GPU
 that is the fast path; on a CPU it depends on the CPU. On a 2-core Sapphire Rapids VM (Qwen2.5
@@ -8,6 +9,16 @@ knows its device measures instead of guessing: on the engine thread, before the 
 a small context of each kind evaluates a prompt chunk, one-token steps and (with speculation) a
 verify step; the kind whose nominal request (`request_s`) is cheaper wins. The verdict is kept
 in a small JSON file so later starts reuse it (`EDGE_CACHE_DIR`, else the per-user cache).
+
+Why it is opt-in (`auto` is llama.cpp's choice, on for a CPU): without flash attention the
+CPU backend multiplies K·Q with llamafile's tinyBLAS for a batch of two or more rows and with
+ggml's own dot product for one row (sgemm.cpp: "only enable sgemm for prompt processing"), so
+a token's logits depend on how it was batched. Greedy output then changes with speculation (a
+verify step batches the draft) and with prompt-cache hits (a cached prompt's last token is
+evaluated alone): on SmolLM2 the same chat request at temperature 0 answered differently the
+second time. With flash attention one-row and n-row batches run the same per-row kernel (up to
+ggml's KV split of one-query batches past 512 cells). Repeatable answers are the default; the
+faster kind, where it is faster, is a choice the user makes knowing that.
 
 Only where the choice is free: CPU-only weights, an f16 KV cache (a quantized V cache needs
 flash attention) and a memory plan that fits without it (without flash attention the compute
@@ -31,7 +42,7 @@ from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
 
 log = logging.getLogger("edge.engine")
 
-FlashAttn = Literal["auto", "on", "off"]
+FlashAttn = Literal["auto", "on", "off", "fastest"]
 PROBE_CHUNK = 128  # prompt tokens per probe batch
 PROBE_DEPTH = 384  # prompt tokens evaluated (timed) before the timed steps, in PROBE_CHUNK batches
 PROBE_STEPS = 4  # one-token steps timed at that depth (the fastest counts)
@@ -67,11 +78,12 @@ def choose(on: AttnTiming, off: AttnTiming) -> AttnTiming:
 
 def free_choice(setting: FlashAttn, n_gpu_layers: int, kv_type: str, off_fits: bool) -> bool:
     """Whether edge measures and chooses (else `fixed_choice` holds)."""
-    return setting == "auto" and n_gpu_layers == 0 and kv_type == "f16" and off_fits
+    return setting == "fastest" and n_gpu_layers == 0 and kv_type == "f16" and off_fits
 
 
 def fixed_choice(setting: FlashAttn) -> bool | None:
-    """The context parameter for a setting edge does not measure (None: llama.cpp's auto)."""
+    """The context parameter for a setting edge does not measure (None: llama.cpp's auto; also
+    `fastest` where the choice is not free)."""
     return {"on": True, "off": False}.get(setting)
 
 

@@ -94,7 +94,8 @@ def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, ava
         )
 
     plan = plan_with(settings.n_ctx, gpu_layers, settings.flash_attn != "off")
-    if settings.flash_attn == "auto" and plan.fits and plan.n_gpu_layers == 0 and settings.kv_type == "f16":
+    free = settings.flash_attn == "fastest" and settings.kv_type == "f16"
+    if free and plan.fits and plan.n_gpu_layers == 0:
         # the engine may choose no flash attention (runtime/attention.py): budget its larger compute
         # buffer at the context chosen with it, if that still fits; else flash attention stays on
         without = plan_with(plan.n_ctx, 0, False)

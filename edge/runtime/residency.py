@@ -60,7 +60,7 @@ class LoadSpec:
     warmup: bool = True  # decode once at load so the first request does not pay one-time costs
     n_outputs: int | None = None  # logits rows one batch may ask for (None: one per slot)
     draft_model_path: str | None = None  # a second model that guesses tokens (--speculative draft)
-    flash_attn: FlashAttn = "auto"  # auto: measured where the choice is free (attention.py)
+    flash_attn: FlashAttn = "auto"  # fastest: measured where the choice is free (attention.py)
     flash_attn_off_fits: bool = True  # the memory plan allows the larger buffer of no flash attention
     n_verify: int = 0  # rows of a speculative verify step (the attention probe times one)
 

@@ -1,5 +1,6 @@
-"""Flash attention chosen by timing both kinds on this machine, once: the verdict is kept and
-reused, the context runs the kind that won, and a setting or a quantized cache decides alone."""
+"""Flash attention: llama.cpp's choice by default, where greedy answers do not depend on batching;
+with `fastest` chosen by timing both kinds on this machine, once: the verdict is kept and reused,
+the context runs the kind that won, and a setting or a quantized cache decides alone."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_measured_once_then_reused(smollm2_path: Path, tmp_path: Path,
         return real(model, n_threads, flash_attn, n_verify)
 
     monkeypatch.setattr(attention, "measure", counting)
-    with _engine(smollm2_path, speculative="ngram") as eng:
+    with _engine(smollm2_path, speculative="ngram", flash_attn="fastest") as eng:
         first = eng.stats()
         assert first.attention == "measured at load" and first.flash_attn in (True, False)
         text = eng.complete("The capital of France is", max_tokens=8, temperature=0.0).text
@@ -37,12 +38,13 @@ def test_measured_once_then_reused(smollm2_path: Path, tmp_path: Path,
     (verdict,) = doc.values()
     assert verdict["flash_attn"] == first.flash_attn
     assert verdict["verify_s"] > verdict["step_s"] > 0  # speculating: a 9-row verify step was timed
-    with _engine(smollm2_path, speculative="ngram") as eng:
+    with _engine(smollm2_path, speculative="ngram", flash_attn="fastest") as eng:
         again = eng.stats()
         assert (again.attention, again.flash_attn) == ("measured on an earlier start", first.flash_attn)
         assert eng.complete("The capital of France is", max_tokens=8, temperature=0.0).text == text
     assert len(calls) == 2  # nothing timed the second time
-    with _engine(smollm2_path, speculative="off") as eng:  # no verify steps: another question
+    # no verify steps: another question
+    with _engine(smollm2_path, speculative="off", flash_attn="fastest") as eng:
         assert eng.stats().attention == "measured at load"
     assert len(calls) == 4
 
@@ -63,6 +65,22 @@ def test_a_setting_or_a_quantized_cache_decides_without_measuring(
     with _engine(smollm2_path, kv_type="q8_0") as eng:
         st = eng.stats()
         assert (st.flash_attn, st.attention) == (True, "a quantized KV cache needs it")
-    with _engine(smollm2_path, flash_attn_off_fits=False) as eng:  # the plan had no room without it
+    with _engine(smollm2_path, flash_attn="fastest", flash_attn_off_fits=False) as eng:  # no room without it
         assert eng.stats().attention == "llama.cpp auto"
+    with _engine(smollm2_path) as eng:  # the default
+        assert (eng.stats().attention, eng.stats().flash_attn) == ("llama.cpp auto", None)
     assert not (tmp_path / attention.VERDICTS_FILE).exists()
+
+
+ASK = [{"role": "user", "content": "Name a colour."}]
+
+
+def test_by_default_the_same_greedy_request_answers_the_same_every_time(smollm2_path: Path) -> None:
+    """The second and third asks find the prompt cached and evaluate its last token alone, and
+    speculation batches drafts: neither may change a greedy answer. (Without flash attention
+    this CPU backend sums K·Q in another order for one row than for several, and SmolLM2 then
+    answered "The colour I'm referring to ..." the first time and "The colour is ..." after.)"""
+    with _engine(smollm2_path, speculative="ngram") as eng:
+        answers = [eng.chat(ASK, max_tokens=24, temperature=0.0) for _ in range(3)]
+    assert answers[1].usage.cached_tokens > 0  # the cache was hit
+    assert len({a.text for a in answers}) == 1, [a.text for a in answers]

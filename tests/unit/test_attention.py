@@ -34,12 +34,14 @@ def test_verify_steps_count_only_when_speculating() -> None:
 
 
 def test_edge_measures_only_where_the_choice_is_free() -> None:
-    assert free_choice("auto", n_gpu_layers=0, kv_type="f16", off_fits=True)
+    assert free_choice("fastest", n_gpu_layers=0, kv_type="f16", off_fits=True)
     assert not free_choice("on", 0, "f16", True) and not free_choice("off", 0, "f16", True)
-    assert not free_choice("auto", 33, "f16", True)  # GPU: llama.cpp's own auto
-    assert not free_choice("auto", 0, "q8_0", True)  # a quantized V cache needs flash attention
-    assert not free_choice("auto", 0, "f16", False)  # the plan has no room for the K·Q buffer
+    assert not free_choice("auto", 0, "f16", True)  # the default: llama.cpp's, repeatable greedy output
+    assert not free_choice("fastest", 33, "f16", True)  # GPU: llama.cpp's own auto
+    assert not free_choice("fastest", 0, "q8_0", True)  # a quantized V cache needs flash attention
+    assert not free_choice("fastest", 0, "f16", False)  # the plan has no room for the K·Q buffer
     assert fixed_choice("on") is True and fixed_choice("off") is False and fixed_choice("auto") is None
+    assert fixed_choice("fastest") is None
 
 
 def test_verdicts_are_kept_per_key_and_survive_a_bad_file(tmp_path: Path) -> None:
