@@ -41,6 +41,8 @@ PROFILES_DIR = CONFIGS_DIR / "devices"
 # CPU a 17-token verify step cost 3.7x a one-token step against 2.4x for 9 (Qwen2.5 0.5B, 2-core
 # Sapphire Rapids, no flash attention); the step plan picks shorter drafts wherever they pay more
 DEFAULT_DRAFT_MAX = 16
+# Host memory for idle prompt caches moved out of the KV cache (runtime/hostcache.py)
+DEFAULT_PROMPT_CACHE_MIB = 256
 
 
 
@@ -106,10 +108,10 @@ class Settings(BaseSettings):
     draft_max: int = Field(DEFAULT_DRAFT_MAX, ge=1, le=32, description="Most tokens drafted per sequence and "
                            "step (the step plan drafts fewer wherever more does not pay).")
     prompt_cache_mib: int = Field(
-        256, ge=0, le=1 << 20, description="Host memory (MiB) for prompt caches moved out of the KV "
-        "cache when another request takes a slot, restored when a prompt starts like one of them; "
-        "0 keeps idle caches in the KV cache (where they slow every step). Never more than the "
-        "memory plan leaves free."
+        DEFAULT_PROMPT_CACHE_MIB, ge=0, le=1 << 20, description="Host memory (MiB) for prompt caches "
+        "moved out of the KV cache when another request takes a slot, restored when a prompt starts "
+        "like one of them; 0 keeps idle caches in the KV cache (where they slow every step). Never "
+        "more than the memory plan leaves free."
     )
     flash_attn: Literal["auto", "on", "off", "fastest"] = Field(
         "auto", description="Flash attention. auto: llama.cpp's choice (on wherever the backend has "

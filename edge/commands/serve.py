@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from edge.commands._common import add_settings_args, settings_from_args
+from edge.config import DEFAULT_PROMPT_CACHE_MIB
 from edge.runtime.types import EngineLike
 from edge.service.launch import bind_api_key, build_scheduler, choose_model, open_engine, plan_of
 
@@ -67,7 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="draft model for --speculative draft (same vocabulary as the served model)")
     p.add_argument("--draft-max", type=int, default=None, metavar="K", help="most tokens drafted per step")
     p.add_argument("--prompt-cache-mib", type=int, default=None, metavar="MIB",
-                   help="host memory for idle prompt caches moved out of the KV cache (default 256; 0: off)")
+                   help="host memory for idle prompt caches moved out of the KV cache "
+                   f"(default {DEFAULT_PROMPT_CACHE_MIB}; 0: off)")
     p.add_argument("--flash-attn", choices=("auto", "on", "off", "fastest"), default=None,
                    help="flash attention (default auto: llama.cpp's choice; fastest: timed both ways on "
                    "this device once and the faster kept, greedy output may then vary with batching)")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge.clock import Clock, SystemClock
-from edge.config import Settings
+from edge.config import DEFAULT_PROMPT_CACHE_MIB, Settings
 from edge.errors import ContextOverflow, EngineStopped, InsufficientMemory, InvalidRequest
 from edge.runtime import chat_template as templates
 from edge.runtime import facade
@@ -58,8 +58,6 @@ from edge.runtime.types import (
     ResidencyStatus,
     TokenEvent,
 )
-
-PROMPT_CACHE_BYTES = 256 << 20  # host memory for stashed prompt caches (hostcache.py), by default
 
 
 class Engine:
@@ -114,6 +112,8 @@ class Engine:
             flash_attn = settings.flash_attn if flash_attn == "auto" else flash_attn
             if prompt_cache_bytes is None:
                 prompt_cache_bytes = settings.prompt_cache_mib << 20
+        if prompt_cache_bytes is None:
+            prompt_cache_bytes = DEFAULT_PROMPT_CACHE_MIB << 20
         # --- speculative decoding (issue 20): off unless asked for (draft.spec_config) ---
         speculative, self.draft_max, n_outputs = spec_config(speculative, draft_max, draft_model, n_slots)
         # --- chat template choice (issue 15): NAME | FILE | text -> source; ConfigError if bad ---
@@ -135,7 +135,7 @@ class Engine:
         self._box = Mailbox(self._knobs)
         self._loop = StepLoop(self._box, self.residency, clock, n_slots, step_token_budget, sample_hook,
                               Speculation(speculative, self.draft_max),
-                              PROMPT_CACHE_BYTES if prompt_cache_bytes is None else prompt_cache_bytes)
+                              prompt_cache_bytes)
         self._spec_mode = speculative
         self._thread_body = EngineThread(self._box, self.residency, self._loop, clock)
         self._thread: threading.Thread | None = None

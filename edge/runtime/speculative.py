@@ -25,6 +25,7 @@ the expected tokens per second of the whole step, from each sequence's acceptanc
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -109,10 +110,7 @@ PRIOR_RATES = (0.45, 0.55, 0.6, 0.7, 0.8, 0.85, 0.9)  # per bucket, before anyth
 
 def match_bucket(match_len: int) -> int:
     """Which bucket a draft behind a `match_len`-token match is learnt in."""
-    for i, top in enumerate(MATCH_BUCKETS):
-        if match_len <= top:
-            return i
-    return len(MATCH_BUCKETS)
+    return bisect.bisect_left(MATCH_BUCKETS, match_len)
 
 
 class MatchStats:

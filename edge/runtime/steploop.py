@@ -30,6 +30,7 @@ from edge.runtime.stepplan import (
     SeqView,
     Slot,
     SlotState,
+    StashView,
     StepPlan,
     StepView,
     WaitView,
@@ -142,15 +143,17 @@ class StepLoop(Delivery):
         n_idle = sum(1 for s in self.slots if s.state is SlotState.IDLE)
         stash = self.host.on and live.share_prefixes
         waiting: tuple[WaitView, ...] = ()
+        stashed: tuple[StashView, ...] = ()  # only admissions look at them
         if with_waiting and n_idle and self.waiting:
             wq = self.waiting
             first = sorted(wq) if len(wq) <= n_idle else heapq.nsmallest(n_idle, wq)
             waiting = tuple(WaitView(e[0], len(e[2].prompt), e[2].prompt) for e in first)
+            stashed = self.host.views() if stash else ()
         return StepView(
             live.n_ctx, live.batch.capacity, self.budget, tuple(s.view() for s in self.slots),
             tuple(SeqView(sid, q.key, q.n_prompt_left) for sid, q in self.running.items()),
             waiting, self._off_owed_s, *self._draft_view(live), share_prefixes=live.share_prefixes,
-            stashed=self.host.views() if stash else (), stash=stash)
+            stashed=stashed, stash=stash)
 
     def _draft_view(self, live: Live) -> DraftView:
         """What the plan needs to give drafts: each decoding sequence's guess (no deeper than the
