@@ -11,11 +11,10 @@ import importlib.resources
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,6 +22,18 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from edge.contracts.device import DeviceProfile
+from edge.contracts.options import (
+    DEFAULT_DRAFT_MAX,
+    DEFAULT_FLASH_ATTN,
+    DEFAULT_N_BATCH,
+    DEFAULT_PROMPT_CACHE_MIB,
+    DEFAULT_SLOTS,
+    DEFAULT_SPECULATIVE,
+    DRAFT_MAX_LIMIT,
+    FlashAttn,
+    SpeculativeMode,
+)
 from edge.errors import ConfigError
 from edge.kvcache import KVType
 
@@ -37,13 +48,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # checkout and an installed wheel read the same files through importlib.resources.
 CONFIGS_DIR = Path(str(importlib.resources.files("edge").joinpath("data", "configs")))
 PROFILES_DIR = CONFIGS_DIR / "devices"
-# Speculation's draft cap: a copied passage is often accepted whole 16 tokens at a time, and on a
-# CPU a 17-token verify step cost 3.7x a one-token step against 2.4x for 9 (Qwen2.5 0.5B, 2-core
-# Sapphire Rapids, no flash attention); the step plan picks shorter drafts wherever they pay more
-DEFAULT_DRAFT_MAX = 16
-# Host memory for idle prompt caches moved out of the KV cache (runtime/hostcache.py)
-DEFAULT_PROMPT_CACHE_MIB = 256
-
 
 
 def _default_models_dir() -> Path:
@@ -89,13 +93,15 @@ class Settings(BaseSettings):
     gpu_layers: int | Literal["auto"] = Field(
         "auto", description="Layers offloaded to the GPU; 'auto' lets the planner decide."
     )
-    n_batch: int = Field(512, ge=16, le=8192, description="Maximum tokens per llama_decode batch.")
+    n_batch: int = Field(
+        DEFAULT_N_BATCH, ge=16, le=8192, description="Maximum tokens per llama_decode batch."
+    )
     threads: int | None = Field(
         None, ge=1, le=256, description="Decode threads (None: from the profile or CPU count)."
     )
-    slots: int = Field(4, ge=1, le=64, description="Sequences that may share one batch.")
-    speculative: Literal["off", "ngram", "draft"] = Field(
-        "ngram", description="Speculative decoding: ngram (prompt lookup, no second model; the "
+    slots: int = Field(DEFAULT_SLOTS, ge=1, le=64, description="Sequences that may share one batch.")
+    speculative: SpeculativeMode = Field(
+        DEFAULT_SPECULATIVE, description="Speculative decoding: ngram (prompt lookup, no second model; the "
         "default), draft (guesses from --draft-model) or off. Adaptive: each sequence drafts only "
         "while its measured acceptance and this device's measured verify cost say it pays, and "
         "never while the scheduler cuts load; where it cannot pay it costs nothing but a "
@@ -105,20 +111,20 @@ class Settings(BaseSettings):
         None, description="Draft model for --speculative draft (store name or .gguf path); it must "
         "have the served model's vocabulary."
     )
-    draft_max: int = Field(DEFAULT_DRAFT_MAX, ge=1, le=32, description="Most tokens drafted per sequence and "
-                           "step (the step plan drafts fewer wherever more does not pay).")
+    draft_max: int = Field(DEFAULT_DRAFT_MAX, ge=1, le=DRAFT_MAX_LIMIT, description="Most tokens drafted per "
+                           "sequence and step (the step plan drafts fewer wherever more does not pay).")
     prompt_cache_mib: int = Field(
         DEFAULT_PROMPT_CACHE_MIB, ge=0, le=1 << 20, description="Host memory (MiB) for prompt caches "
         "moved out of the KV cache when another request takes a slot, restored when a prompt starts "
         "like one of them; 0 keeps idle caches in the KV cache (where they slow every step). Never "
         "more than the memory plan leaves free."
     )
-    flash_attn: Literal["auto", "on", "off", "fastest"] = Field(
-        "auto", description="Flash attention. auto: llama.cpp's choice (on wherever the backend has "
-        "it). fastest: with the weights on the CPU and an f16 KV cache, edge times both kinds once on "
-        "this device and keeps the faster (the verdict is cached); without flash attention greedy "
-        "output may then change with batching (speculation, prompt-cache hits). A quantized KV "
-        "cache always uses it."
+    flash_attn: FlashAttn = Field(
+        DEFAULT_FLASH_ATTN, description="Flash attention. auto: llama.cpp's choice (on wherever the "
+        "backend has it). fastest: with the weights on the CPU and an f16 KV cache, edge times both "
+        "kinds once on this device and keeps the faster (the verdict is cached); without flash "
+        "attention greedy output may then change with batching (speculation, prompt-cache hits). A "
+        "quantized KV cache always uses it."
     )
 
     # --- server ---
@@ -174,7 +180,7 @@ class Settings(BaseSettings):
     )
     calibration: str | None = Field(
         None, description="Measured decode throughput (a name in configs/throughput or a JSON path, "
-        "written by `python -m edge.runtime.calibrate`): the thermal ladder then drops settings that "
+        "written by `python -m edge.tools.calibrate`): the thermal ladder then drops settings that "
         "cost more heat for no more tokens. With sim:PROFILE telemetry the simulator's own is used."
     )
     sim_ambient_file: Path | None = Field(
@@ -211,19 +217,6 @@ class Settings(BaseSettings):
             env_settings,
             TomlConfigSettingsSource(settings_cls, toml_file=toml_path),
         )
-
-    @field_validator("chat_template")
-    @classmethod
-    def _known_template(cls, v: str | None) -> str | None:
-        """An unknown name or unreadable file fails when settings load, not at the first chat."""
-        if v is not None:
-            from edge.runtime.chat_template import resolve_chat_template
-
-            try:
-                resolve_chat_template(v)
-            except ConfigError as exc:
-                raise ValueError(exc.reason) from None
-        return v
 
     @model_validator(mode="after")
     def _draft_needs_model(self) -> Settings:
@@ -263,29 +256,6 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
                 os.environ.pop("EDGE_CONFIG", None)
             else:
                 os.environ["EDGE_CONFIG"] = old
-
-
-@dataclass(frozen=True)
-class DeviceProfile:
-    """Facts about a class of device used when the device itself does not tell."""
-
-    name: str
-    description: str
-    unified_memory: bool
-    memory_reserve_bytes: int
-    gpu_layers: int | Literal["auto"]
-    thermal_limit_c: float  # passive trip used when no trip point is exposed
-    thermal_critical_c: float
-    default_threads: int | None = None  # None: physical CPU count
-    # Simulated-device parameters (first-order RC); also sizes the thermal model.
-    ambient_c: float = 25.0
-    idle_power_w: float = 5.0
-    max_power_w: float = 15.0
-    thermal_resistance_c_per_w: float = 4.0
-    thermal_tau_s: float = 60.0
-    # Power budgets held by the scheduler (None: none): on mains, and on battery.
-    power_budget_w: float | None = None
-    battery_power_budget_w: float | None = None
 
 
 def list_profiles(profiles_dir: Path = PROFILES_DIR) -> list[str]:

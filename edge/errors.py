@@ -25,9 +25,14 @@ class ErrorKind(str, Enum):
 
 
 class EdgeError(Exception):
-    """Base of all deliberate errors. Subclasses are dataclasses with fields."""
+    """Base of all deliberate errors. Subclasses are dataclasses with fields.
+
+    `retry_after_s` and `param` are declared here, None unless a subclass sets them, so the HTTP
+    mapping, the CLI and `edge sim` read them from any error without probing for attributes."""
 
     kind: ErrorKind = ErrorKind.INTERNAL
+    retry_after_s: float | None = None  # how long a client should wait before retrying
+    param: str | None = None  # the request parameter (or setting) at fault
 
     def __str__(self) -> str:  # pragma: no cover - overridden by every subclass
         return self.__class__.__name__
@@ -135,6 +140,9 @@ class ConfigError(EdgeError):
     field: str
     reason: str
     kind = ErrorKind.INVALID_REQUEST
+
+    def __post_init__(self) -> None:
+        self.param = self.field
 
     def __str__(self) -> str:
         return f"invalid setting {self.field}: {self.reason}"
@@ -302,6 +310,9 @@ class PreviousResponseNotFound(EdgeError):
     response_id: str
     field: str = "previous_response_id"
     kind = ErrorKind.NOT_FOUND
+
+    def __post_init__(self) -> None:
+        self.param = self.field
 
     def __str__(self) -> str:
         return (f"previous response {self.response_id!r} not found: it was never stored (store: false), "

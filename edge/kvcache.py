@@ -1,7 +1,7 @@
 """The KV cache element types edge offers: one table for settings, planner, CLI, inspect and loader.
 
 Byte sizes come from `edge.gguf.info.KV_TYPE_BLOCKS` (ggml's own block table);
-the llama.cpp enum value is looked up by name in `edge/runtime/model.py`.
+the llama.cpp enum value is looked up by name in `edge/runtime/llama/model.py`.
 """
 
 from __future__ import annotations

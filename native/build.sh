@@ -60,4 +60,4 @@ echo "command:     $py -m pip install --force-reinstall --no-deps --no-binary ll
 export CMAKE_ARGS CMAKE_BUILD_PARALLEL_LEVEL="$jobs"
 [ -n "${CUDACXX:-}" ] && export CUDACXX
 "$py" -m pip install --force-reinstall --no-deps --no-binary llama-cpp-python --no-cache-dir "llama-cpp-python==$version"
-"$py" -c "from edge.runtime.backend import probe_backends as p; b = p(); print('gpu_offload:', b.gpu_offload, 'cuda:', b.has_cuda, 'metal:', b.has_metal)"
+"$py" -c "from edge.runtime.llama.backend import probe_backends as p; b = p(); print('gpu_offload:', b.gpu_offload, 'cuda:', b.has_cuda, 'metal:', b.has_metal)"

@@ -7,7 +7,7 @@ then measures in the same minute (edge first: the bare loops are busy processes 
 edge's scheduler would rightly see them as neighbours):
   * edge: single-stream decode over HTTP (1 / TPOT of streamed chat completions with
     the end tokens banned), the server started here on loopback by PID;
-  * the bare llama_decode loop (edge/runtime/bare_loop.py, own process) with
+  * the bare llama_decode loop (edge/tools/bare_loop.py, own process) with
     llama.cpp's default thread wait and with OMP_WAIT_POLICY=passive.
 Prints a Markdown table and the decode threads the scheduler chose.
 

@@ -224,10 +224,10 @@ def main() -> int:
     args = p.parse_args()
     model = Path(args.model)
 
-    from edge.runtime.engine import Engine
+    from edge.host.loading import build_engine
 
     settings = Settings(n_ctx=args.ctx, threads=args.threads, slots=4)
-    engine = Engine(model, settings=settings)
+    engine, _ = build_engine(model, settings)  # sized as `edge serve` sizes the server's
     engine.start()
     bias = banned_eos(engine)
     proc, url = start_server(model, args)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""How llama.cpp's CPU threads should wait, measured: the table behind edge/runtime/threads.py.
+"""How llama.cpp's CPU threads should wait, measured: the table behind edge/runtime/llama/threads.py.
 
-Runs the bare decode loop (edge/runtime/bare_loop.py, its own process, nothing
+Runs the bare decode loop (edge/tools/bare_loop.py, its own process, nothing
 from edge) under each thread-wait setting, on a quiet box, beside a niced busy
 process and beside an equal-priority busy process, at 2 threads and 1; with
 `--llama-bench DIR` also llama.cpp's own llama-bench from other builds (e.g. one

@@ -15,9 +15,9 @@ import os
 import statistics
 import time
 
-from edge.runtime import attention
-from edge.runtime.batch import Batch
-from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
+from edge.runtime.llama import attention
+from edge.runtime.llama.batch import Batch
+from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
 
 
 def main() -> None:

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from edge.bench.tasks import CODE, DOCUMENTS, QUESTIONS, RENAMES, TOPICS
 from edge.config import DEFAULT_DRAFT_MAX
-from edge.runtime import attention
-from edge.runtime.spec_step import Speculation
-from edge.runtime.speculative import StepCost, choose_drafts
+from edge.runtime.llama import attention
+from edge.runtime.spec.rules import StepCost, choose_drafts
+from edge.runtime.spec.state import Speculation
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 200
@@ -58,9 +58,9 @@ def record(model_path: str, tasks: Sequence[str], threads: int) -> dict:
     import llama_cpp
     import numpy as np
 
-    from edge.runtime.batch import Batch
-    from edge.runtime.chat_template import load_template
-    from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
+    from edge.runtime.llama.batch import Batch
+    from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
+    from edge.runtime.text.chat_template import load_template
 
     model = LlamaModel(model_path)
     tpl = load_template(model.chat_template(), model.token_text(model.bos_id), model.token_text(model.eos_id))
@@ -102,8 +102,8 @@ def cost_curve(model_path: str, threads: int, flash_attn: bool | None, depth: in
     """Seconds of a verify step of n = 1..32 tokens at `depth` cells (fastest of 7)."""
     import llama_cpp
 
-    from edge.runtime.batch import Batch
-    from edge.runtime.model import ContextConfig, LlamaContext, LlamaModel
+    from edge.runtime.llama.batch import Batch
+    from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
 
     model = LlamaModel(model_path)
     ctx = LlamaContext(model, ContextConfig(n_ctx=4096, n_seq_max=1, n_threads=threads, n_outputs_max=32,

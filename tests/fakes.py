@@ -156,7 +156,6 @@ class ScriptedEngine:
     chat_template: bool = True
     fail_with: Exception | None = None  # every request ends with this error event
     template_info: Any = None  # what `chat_template_info` reports (a TemplateInfo); None: cannot say
-    plan: Any = None  # the memory plan it was sized by (a real engine's from_settings sets one)
 
     def __post_init__(self) -> None:
         self._state = EngineState.LOADING
@@ -237,6 +236,10 @@ class ScriptedEngine:
     @property
     def chat_template_info(self) -> Any:
         return self.template_info
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.chat_template
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     tools: list[dict[str, Any]] | None = None) -> str:

@@ -101,6 +101,15 @@ def create_app(
     )
     holder["st"] = st
     app.state.edge = st
+    _include_routes(app)
+    _install_handlers(app)
+    app.openapi = partial(_openapi, app, bool(api_key))  # type: ignore[method-assign]
+    _add_middleware(app, settings, api_key or None, metrics)
+    return app
+
+
+def _include_routes(app: FastAPI) -> None:
+    """Every route module; each reads its state from `app.state.edge`, none holds a global."""
     app.include_router(openai.router)
     app.include_router(responses.router)  # /v1/responses
     app.include_router(ops.router)
@@ -108,12 +117,13 @@ def create_app(
     app.include_router(page.router)  # GET /: the built-in chat page
     app.include_router(ollama.router)  # Ollama's native API, /api/*
     app.include_router(ollama_models.router)
-    _install_handlers(app)
-    app.openapi = partial(_openapi, app, bool(api_key))  # type: ignore[method-assign]
 
+
+def _add_middleware(app: FastAPI, settings: Settings, api_key: str | None, metrics: ApiMetrics) -> None:
+    """Added innermost first, so a request meets them in the order the module docstring lists."""
     app.add_middleware(JsonOnlyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(AuthMiddleware, api_key=api_key or None)
+    app.add_middleware(AuthMiddleware, api_key=api_key)
     if settings.cors_origins:
         app.add_middleware(
             AllowListCORSMiddleware,
@@ -123,7 +133,6 @@ def create_app(
         )
     app.add_middleware(CountMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
-    return app
 
 
 def _openapi(app: FastAPI, keyed: bool) -> dict[str, Any]:

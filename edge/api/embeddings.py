@@ -6,6 +6,11 @@ Inputs: a string, a list of strings, a list of token ids, or a list of such list
 OpenAI SDK decodes it); `dimensions` is refused unless it is the model's own
 size (these models are not trained to be shortened). Tokenizing runs off the
 event loop; a client that goes away cancels its queued batches.
+
+Embeddings go through the same `Admission` as generation (admitted before the engine sees
+them, released when done): one queue bound, the same heat and memory refusals, the same
+Retry-After, and `X-Edge-Priority` counts here too. A request claims no KV cells of the
+generation cache (the embeddings context is its own), only a place in the queue.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from edge.api.body import parse_json
+from edge.api.generation import PRIORITY_HEADER, parse_priority
 from edge.api.schemas import EmbeddingRequest, parse_model, request_body_doc
 from edge.api.state import ApiState
-from edge.errors import InvalidRequest, QueueFull
-from edge.runtime.types import EmbedJobLike
+from edge.errors import EdgeError, InvalidRequest
+from edge.runtime.types import EmbedJobLike, Priority
+from edge.scheduler.admission import TicketLike
 
 router = APIRouter()
-MAX_IN_FLIGHT = 32  # embedding requests queued at once; beyond: 503 + Retry-After
+NO_KV_CELLS = (0, 0)  # (prompt, max tokens) an embeddings request claims of the generation KV cache
 
 
 def _encode(vec: Any, fmt: str) -> list[float] | str:
@@ -37,19 +44,41 @@ def _encode(vec: Any, fmt: str) -> list[float] | str:
     return values
 
 
-async def _run(st: ApiState, inputs: list[str | list[int]], truncate: bool) -> tuple[list[Any], int]:
-    # tokenizing: off the loop
-    job: EmbedJobLike = await anyio.to_thread.run_sync(partial(st.engine.embed, inputs, truncate))
-    try:
-        vectors = await asyncio.wrap_future(job.future)  # a cancelled request cancels the queued job
-    finally:
-        job.future.cancel()  # no-op once it is done
-    return vectors, job.n_tokens
+class _Claim:
+    """An admitted embeddings request: its ticket, and the engine job once submitted, so that a
+    shed (the scheduler protecting the device) cancels the job and answers with its error."""
+
+    def __init__(self, ticket: TicketLike) -> None:
+        self.ticket = ticket
+        self.job: EmbedJobLike | None = None
+        self.shed: EdgeError | None = None
+        ticket.bind(self._on_shed)
+
+    def _on_shed(self, err: EdgeError) -> None:  # any thread
+        self.shed = err
+        if self.job is not None:
+            self.job.future.cancel()
+
+    async def run(self, st: ApiState, inputs: list[str | list[int]], truncate: bool) -> tuple[list[Any], int]:
+        # tokenizing: off the loop
+        self.job = job = await anyio.to_thread.run_sync(partial(st.engine.embed, inputs, truncate))
+        try:
+            if self.shed is not None:
+                raise self.shed
+            vectors = await asyncio.wrap_future(job.future)  # a cancelled request cancels the queued job
+        except asyncio.CancelledError:
+            if self.shed is not None:  # cancelled by the shed, not by the client
+                raise self.shed from None
+            raise
+        finally:
+            job.future.cancel()  # no-op once it is done
+        return vectors, job.n_tokens
 
 
 async def embed_inputs(st: ApiState, model: str, inputs: list[str | list[int]], dimensions: int | None,
-                       *, truncate: bool = False) -> tuple[list[Any], int]:
-    """The checks and the bounded queue both embeddings APIs share (OpenAI's and Ollama's):
+                       *, truncate: bool = False,
+                       priority: Priority = Priority.INTERACTIVE) -> tuple[list[Any], int]:
+    """The checks and the admission both embeddings APIs share (OpenAI's and Ollama's):
     (one vector per input, input tokens). `model` is the name as sent (Ollama's ":latest" dropped)."""
     info = await anyio.to_thread.run_sync(st.engine.embedding_info)
     names = {info["model"], *st.model_names} if st.settings.embedding_model is None else {info["model"]}
@@ -59,20 +88,19 @@ async def embed_inputs(st: ApiState, model: str, inputs: list[str | list[int]], 
     if dimensions is not None and dimensions != info["n_embd"]:
         raise InvalidRequest(f"dimensions={dimensions}: {info['model']} gives "
                              f"{info['n_embd']}-dimensional vectors and cannot shorten them", "dimensions")
-    if st.embeds_in_flight >= MAX_IN_FLIGHT:
-        raise QueueFull(MAX_IN_FLIGHT, retry_after_s=1.0)
-    st.embeds_in_flight += 1
+    claim = _Claim(st.admission.admit_all(priority, [NO_KV_CELLS])[0])  # 503 + Retry-After when refused
     try:
-        return await _run(st, inputs, truncate)
+        return await claim.run(st, inputs, truncate)
     finally:
-        st.embeds_in_flight -= 1
+        claim.ticket.release()
 
 
 @router.post("/v1/embeddings", openapi_extra=request_body_doc(EmbeddingRequest))
 async def embeddings(request: Request) -> Response:
     st: ApiState = request.app.state.edge
     body = parse_model(EmbeddingRequest, parse_json(await request.body()))  # nesting bounded first
-    vectors, n_tokens = await embed_inputs(st, body.model, body.inputs(), body.dimensions)
+    vectors, n_tokens = await embed_inputs(st, body.model, body.inputs(), body.dimensions,
+                                           priority=parse_priority(request.headers.get(PRIORITY_HEADER)))
     return JSONResponse({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}

@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any
 
-from edge.errors import EdgeError, ErrorKind, InvalidRequest
+from edge.errors import EdgeError, ErrorKind
 
 STATUS_BY_KIND: dict[ErrorKind, int] = {
     ErrorKind.INVALID_REQUEST: 400,
@@ -80,11 +80,11 @@ def to_http(err: EdgeError, path: str = "") -> tuple[int, dict[str, Any], dict[s
     INTERNAL errors get a generic message."""
     status = STATUS_BY_KIND.get(err.kind, 500)
     headers: dict[str, str] = {}
-    retry_after_s = getattr(err, "retry_after_s", None)
     if status in (429, 503):
-        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s if retry_after_s is not None else 1)))
+        retry_after_s = err.retry_after_s if err.retry_after_s is not None else 1
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    param = err.param if isinstance(err, InvalidRequest) else getattr(err, "field", None)
     message = str(err) if status != 500 else "internal server error"
-    return status, error_body(path, status, message, param=param, code=_snake(type(err).__name__)), headers
+    code = _snake(type(err).__name__)
+    return status, error_body(path, status, message, param=err.param, code=code), headers

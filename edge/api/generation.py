@@ -19,8 +19,8 @@ from typing import Any
 from edge.api.schemas import ResponseFormat, _Sampling
 from edge.api.state import ApiState, ServerState
 from edge.errors import ContextOverflow, EdgeError, EngineStopped, InvalidRequest
-from edge.runtime.chat_template import TemplateInfo
-from edge.runtime.sampling import json_schema_to_grammar
+from edge.runtime.llama.sampling import json_schema_to_grammar
+from edge.runtime.text.chat_template import TemplateInfo
 from edge.runtime.types import (
     EngineLike,
     FinishReason,

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from edge.runtime.types import EngineLike, EngineState
+from edge.runtime.types import EngineLike, EngineState, EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -62,47 +62,14 @@ class _LiveCollector(Collector):
         for st in EngineState:
             state.add_metric([st.value], 1.0 if s.state == st else 0.0)
         yield state
-        gauges: dict[str, tuple[str, float]] = {
-            "edge_queue_depth": ("Requests waiting for a slot", s.waiting),
-            "edge_queue_depth_interactive": (
-                "Interactive requests waiting for a slot",
-                s.waiting_interactive,
-            ),
-            "edge_active_slots": ("Sequences decoding", s.active),
-            "edge_parked_slots": ("Sequences held back by the active limit", s.parked),
-            "edge_slots": ("Configured slots", s.n_slots),
-            "edge_kv_cells_used": ("KV cache cells in use", s.kv_cells_used),
-            "edge_kv_cells_total": ("KV cache cells", s.kv_cells_total),
-            "edge_kv_usage_ratio": (
-                "KV cache use, 0-1",
-                s.kv_cells_used / s.kv_cells_total if s.kv_cells_total else 0.0,
-            ),
-            "edge_engine_step_seconds": ("Wall time of the last engine step", s.step_time_s),
-            "edge_engine_decode_seconds": ("Time in llama_decode in the last step", s.decode_time_s),
-            "edge_knob_active_limit": ("Scheduler knob: active sequence limit", s.knobs.active_limit),
-            "edge_knob_threads": ("Scheduler knob: decode threads", s.knobs.n_threads),
-            "edge_knob_duty": ("Scheduler knob: duty cycle", s.knobs.duty),
-            "edge_knob_off_threads": ("Scheduler knob: threads for the rest of the duty cycle (0: idle)",
-                                      s.knobs.off_threads),
-            "edge_knob_paused": ("Scheduler knob: paused", float(s.knobs.paused)),
-            "edge_knob_admit_background": (
-                "Scheduler knob: background admitted",
-                float(s.knobs.admit_background),
-            ),
-            "edge_knob_speculate": ("Scheduler knob: speculative decoding allowed", float(s.knobs.speculate)),
-            "edge_spec_draft_len": ("Draft tokens per decoding sequence in the last step", s.spec_draft_len),
-        }
-        for name, (doc, value) in gauges.items():
+        for name, (doc, value) in _engine_gauges(s).items():
             yield GaugeMetricFamily(name, doc, value=float(value))
-        counters = {
-            "edge_engine_steps": ("Engine steps since start", s.total_steps),
-            "edge_engine_tokens_decoded": ("Tokens generated since start", s.total_tokens_decoded),
-            "edge_engine_tokens_prefilled": ("Prompt tokens evaluated since start", s.total_tokens_prefilled),
-            "edge_spec_drafted_tokens": ("Draft tokens verified since start", s.spec_drafted),
-            "edge_spec_accepted_tokens": ("Draft tokens accepted since start", s.spec_accepted),
-        }
-        for name, (doc, value) in counters.items():
+        for name, (doc, value) in _engine_counters(s).items():
             yield CounterMetricFamily(name, doc, value=float(value))
+        yield from self._scheduler_gauges()
+
+    def _scheduler_gauges(self) -> Iterator[GaugeMetricFamily]:
+        """Every numeric field of the scheduler's status, flattened (none without a scheduler)."""
         try:
             status = self.scheduler_status()
         except Exception:
@@ -113,6 +80,51 @@ class _LiveCollector(Collector):
             _flatten("", status, flat)
             for key, value in sorted(flat.items()):
                 yield GaugeMetricFamily(f"edge_scheduler_{key}", f"Scheduler status field {key}", value=value)
+
+
+def _engine_gauges(s: EngineStats) -> dict[str, tuple[str, float]]:
+    """The engine's current state as gauges: name -> (help, value)."""
+    return {
+        "edge_queue_depth": ("Requests waiting for a slot", s.waiting),
+        "edge_queue_depth_interactive": (
+            "Interactive requests waiting for a slot",
+            s.waiting_interactive,
+        ),
+        "edge_active_slots": ("Sequences decoding", s.active),
+        "edge_parked_slots": ("Sequences held back by the active limit", s.parked),
+        "edge_slots": ("Configured slots", s.n_slots),
+        "edge_kv_cells_used": ("KV cache cells in use", s.kv_cells_used),
+        "edge_kv_cells_total": ("KV cache cells", s.kv_cells_total),
+        "edge_kv_usage_ratio": (
+            "KV cache use, 0-1",
+            s.kv_cells_used / s.kv_cells_total if s.kv_cells_total else 0.0,
+        ),
+        "edge_engine_step_seconds": ("Wall time of the last engine step", s.step_time_s),
+        "edge_engine_decode_seconds": ("Time in llama_decode in the last step", s.decode_time_s),
+        "edge_knob_active_limit": ("Scheduler knob: active sequence limit", s.knobs.active_limit),
+        "edge_knob_threads": ("Scheduler knob: decode threads", s.knobs.n_threads),
+        "edge_knob_duty": ("Scheduler knob: duty cycle", s.knobs.duty),
+        "edge_knob_off_threads": ("Scheduler knob: threads for the rest of the duty cycle (0: idle)",
+                                  s.knobs.off_threads),
+        "edge_knob_paused": ("Scheduler knob: paused", float(s.knobs.paused)),
+        "edge_knob_admit_background": (
+            "Scheduler knob: background admitted",
+            float(s.knobs.admit_background),
+        ),
+        "edge_knob_speculate": ("Scheduler knob: speculative decoding allowed", float(s.knobs.speculate)),
+        "edge_spec_draft_len": ("Draft tokens per decoding sequence in the last step", s.spec_draft_len),
+    }
+
+
+def _engine_counters(s: EngineStats) -> dict[str, tuple[str, float]]:
+    """The engine's totals since start as counters: name -> (help, value)."""
+    return {
+        "edge_engine_steps": ("Engine steps since start", s.total_steps),
+        "edge_engine_tokens_decoded": ("Tokens generated since start", s.total_tokens_decoded),
+        "edge_engine_tokens_prefilled": ("Prompt tokens evaluated since start", s.total_tokens_prefilled),
+        "edge_spec_drafted_tokens": ("Draft tokens verified since start", s.spec_drafted),
+        "edge_spec_accepted_tokens": ("Draft tokens accepted since start", s.spec_accepted),
+    }
 
 
 class ApiMetrics:

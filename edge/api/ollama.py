@@ -65,7 +65,7 @@ from edge.api.schemas import ChatCompletionRequest, ChatMessage, FunctionCall, T
 from edge.api.state import ApiState
 from edge.api.tools import ToolPlan, plan_tools, template_messages
 from edge.errors import InvalidRequest
-from edge.runtime.chat_template import TemplateInfo, with_turn_stops
+from edge.runtime.text.chat_template import TemplateInfo, with_turn_stops
 
 router = APIRouter()
 _TRIVIAL_TEMPLATES = frozenset({"{{ .Prompt }}", "{{.Prompt}}"})
@@ -266,7 +266,8 @@ async def _embed(request: Request, st: ApiState, model: str, inputs: list[str], 
     before_s = await hold_loaded(st)
     try:
         await timings.load_if_unloaded()
-        vectors, n_tokens = await embed_inputs(st, name, list(inputs), dimensions, truncate=truncate)
+        vectors, n_tokens = await embed_inputs(st, name, list(inputs), dimensions, truncate=truncate,
+                                               priority=parse_priority(request.headers.get(PRIORITY_HEADER)))
     except BaseException:
         await finish_keep_alive(st, before_s)
         raise

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from edge.api.schemas import MAX_STOP, MAX_TOOLS, ToolDef, _utf8
+from edge.contracts.options import MAX_TOP_LOGPROBS, PENALTY_ABS_MAX, REPEAT_PENALTY_MAX, TEMPERATURE_MAX
 from edge.errors import InvalidRequest
 
 log = logging.getLogger("edge.api")
@@ -84,17 +85,17 @@ class Options(BaseModel):
     """`options`: the sampling and length options edge honours; others are ignored (debug log)."""
 
     model_config = ConfigDict(extra="allow")
-    temperature: float | None = Field(None, ge=0.0, le=100.0)
+    temperature: float | None = Field(None, ge=0.0, le=TEMPERATURE_MAX)  # the engine's bound (Ollama: none)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     num_predict: StrictInt | None = Field(None, ge=-2)  # -1: no limit, -2: fill the context (as Ollama)
     stop: list[str] | str | None = None
     seed: StrictInt | None = None
-    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    repeat_penalty: float | None = Field(None, gt=0.0, le=REPEAT_PENALTY_MAX)
     repeat_last_n: StrictInt | None = Field(None, ge=-1)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-PENALTY_ABS_MAX, le=PENALTY_ABS_MAX)
+    frequency_penalty: float | None = Field(None, ge=-PENALTY_ABS_MAX, le=PENALTY_ABS_MAX)
     num_ctx: StrictInt | None = Field(None, ge=1)
 
     _check_stop = field_validator("stop")(_utf8)
@@ -147,7 +148,7 @@ class _Generating(_ModelRef):
     keep_alive: KeepAlive | None = Field(None, description="duration (\"5m\") or seconds; <0 forever")
     think: StrictBool | Literal["low", "medium", "high"] | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def refuse_unsupported(self) -> None:
         if self.think not in (None, False):

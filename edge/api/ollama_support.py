@@ -13,6 +13,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 import anyio
@@ -22,11 +23,11 @@ from fastapi.responses import JSONResponse, Response
 from edge.api.errors import to_http
 from edge.api.generation import Generation, Job, failure
 from edge.api.ollama_schemas import Options, _Generating
-from edge.api.respond import NdjsonStream, ndjson_line, run_unstreamed
+from edge.api.respond import NdjsonStream, ndjson_line, stream_or_json
 from edge.api.state import ApiState
 from edge.api.tool_parse import ParsedCall
 from edge.errors import ContextOverflow, InvalidRequest, ModelLoadError
-from edge.runtime.sampling import json_schema_to_grammar
+from edge.runtime.llama.sampling import json_schema_to_grammar
 from edge.runtime.types import FinishReason, SamplingParams
 
 _NS = 1_000_000_000
@@ -189,23 +190,13 @@ async def respond(request: Request, gen: Generation, timings: Timings, keep_aliv
     except BaseException:
         await finish_keep_alive(st, before_s)  # refused: the keep-alive stays what it was
         raise
-    if gen.stream:
-        async def body() -> AsyncIterator[bytes]:
-            async for obj in lines(gen):
-                yield ndjson_line(obj)
 
-        async def close() -> None:
-            await gen.__aexit__(None, None, None)
-            await finish_keep_alive(st, keep_alive_s)
+    async def body() -> AsyncIterator[bytes]:
+        async for obj in lines(gen):
+            yield ndjson_line(obj)
 
-        return NdjsonStream(body(), gen.cancel, close)
-    try:
-        if not await run_unstreamed(request, gen):
-            return Response(status_code=499)
-        return JSONResponse(whole(gen))
-    finally:
-        await gen.__aexit__(None, None, None)
-        await finish_keep_alive(st, keep_alive_s)
+    return await stream_or_json(request, gen, lambda close: NdjsonStream(body(), gen.cancel, close), whole,
+                                after=partial(finish_keep_alive, st, keep_alive_s))
 
 
 def stream_error(gen: Generation) -> dict[str, Any] | None:

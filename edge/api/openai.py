@@ -51,7 +51,7 @@ from edge.api.sse import sse as _sse
 from edge.api.state import ApiState
 from edge.api.tool_parse import call_delta, call_json
 from edge.api.tools import ToolPlan, check_history, plan_tools, template_messages
-from edge.runtime.chat_template import TemplateInfo, with_turn_stops
+from edge.runtime.text.chat_template import TemplateInfo, with_turn_stops
 from edge.runtime.types import TokenLogprob, Usage
 
 router = APIRouter()
@@ -104,68 +104,77 @@ async def chat_completions(request: Request) -> Response:
     check_history(body.messages)
     job, plan = await raw.run(partial(_prepare_chat, st, body, template_info(st.engine)))
     gen = Generation(st, [job], priority, t0_s, stream=bool(body.stream))
-    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    head = {"id": cid, "created": created, "model": body.model, "system_fingerprint": FINGERPRINT}
+    answer = _ChatAnswer(body, plan)
+    return await _respond(request, gen, answer.stream, answer.full)
 
-    def chunk(delta: dict[str, Any], finish: str | None,
+
+class _ChatAnswer:
+    """One chat completion's answer in OpenAI's shapes: the SSE chunks, or the whole object. A
+    class rather than closures in the route so each shape reads (and is sized) on its own."""
+
+    def __init__(self, body: ChatCompletionRequest, plan: ToolPlan) -> None:
+        self.body, self.plan = body, plan
+        self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model,
+                     "system_fingerprint": FINGERPRINT}
+        self.n_calls = 0  # tool calls streamed so far
+
+    def chunk(self, delta: dict[str, Any], finish: str | None,
               lps: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
         c = {
-            **head,
+            **self.head,
             "object": "chat.completion.chunk",
             "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(lps) if lps else None,
                          "finish_reason": finish}],
         }
-        if body.include_usage():
+        if self.body.include_usage():
             c["usage"] = None
         return c
 
-    async def stream(g: Generation) -> AsyncIterator[bytes]:
-        yield _sse(chunk({"role": "assistant", "content": ""}, None))
-        scanner = plan.scanner(stream_calls=True) if plan.active else None
-        n_calls = 0
+    def deltas(self, events: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+        """Scanner events -> message deltas (a finished call counts; its pieces were streamed)."""
+        out: list[dict[str, Any]] = []
+        for kind, value in events:
+            if kind == "content":
+                out.append({"content": value})
+            elif kind == "call":
+                self.n_calls += 1
+            else:  # call_start, call_args: the call streams as it decodes
+                out.append(call_delta(value))
+        return out
 
-        def deltas(events: list[tuple[str, Any]]) -> list[dict[str, Any]]:
-            nonlocal n_calls
-            out: list[dict[str, Any]] = []
-            for kind, value in events:
-                if kind == "content":
-                    out.append({"content": value})
-                elif kind == "call":
-                    n_calls += 1
-                else:  # call_start, call_args: the call streams as it decodes
-                    out.append(call_delta(value))
-            return out
-
+    async def stream(self, g: Generation) -> AsyncIterator[bytes]:
+        yield _sse(self.chunk({"role": "assistant", "content": ""}, None))
+        scanner = self.plan.scanner(stream_calls=True) if self.plan.active else None
         owed: list[TokenLogprob] = []  # logprobs of tokens whose text is held back (a possible call)
         async for _, ev in g.events():
             owed.extend(ev.logprobs)
             if not ev.text:
                 continue
-            for delta in deltas(scanner.feed(ev.text)) if scanner is not None else [{"content": ev.text}]:
-                yield _sse(chunk(delta, None, owed))
+            pieces = self.deltas(scanner.feed(ev.text)) if scanner is not None else [{"content": ev.text}]
+            for delta in pieces:
+                yield _sse(self.chunk(delta, None, owed))
                 owed = []
         err = _error_chunk(g)
         if err is not None:
             yield err
             return
         if scanner is not None:
-            for delta in deltas(scanner.finish()):
-                yield _sse(chunk(delta, None, owed))
+            for delta in self.deltas(scanner.finish()):
+                yield _sse(self.chunk(delta, None, owed))
                 owed = []
-        finish = "tool_calls" if n_calls else openai_finish(g.outcomes[0].finish_reason)
-        yield _sse(chunk({}, finish, owed))
-        if body.include_usage():
-            yield _sse(
-                {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage_json(g.usage())}
-            )
+        finish = "tool_calls" if self.n_calls else openai_finish(g.outcomes[0].finish_reason)
+        yield _sse(self.chunk({}, finish, owed))
+        if self.body.include_usage():
+            yield _sse({**self.head, "object": "chat.completion.chunk", "choices": [],
+                        "usage": _usage_json(g.usage())})
         yield b"data: [DONE]\n\n"
 
-    def full(g: Generation) -> dict[str, Any]:
+    def full(self, g: Generation) -> dict[str, Any]:
         out = g.outcomes[0]
         message: dict[str, Any] = {"role": "assistant", "content": out.text, "refusal": None}
         finish = openai_finish(out.finish_reason)
-        if plan.active:
-            scanner = plan.scanner()
+        if self.plan.active:
+            scanner = self.plan.scanner()
             events = scanner.feed(out.text) + scanner.finish()
             if scanner.calls:
                 content = "".join(v for kind, v in events if kind == "content")
@@ -173,20 +182,18 @@ async def chat_completions(request: Request) -> Response:
                 message["tool_calls"] = [call_json(c) for c in scanner.calls]
                 finish = "tool_calls"
         return {
-            **head,
+            **self.head,
             "object": "chat.completion",
             "choices": [
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": chat_logprobs(out.logprobs) if body.logprobs else None,
+                    "logprobs": chat_logprobs(out.logprobs) if self.body.logprobs else None,
                     "finish_reason": finish,
                 }
             ],
             "usage": _usage_json(g.usage()),
         }
-
-    return await _respond(request, gen, stream, full)
 
 
 # --- completions --------------------------------------------------------------
@@ -213,58 +220,65 @@ async def completions(request: Request) -> Response:
 
     jobs = await raw.run(prepare)
     gen = Generation(st, jobs, priority, t0_s, stream=bool(body.stream))
-    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    head = {
-        "id": cid,
-        "object": "text_completion",
-        "created": created,
-        "model": body.model,
-        "system_fingerprint": FINGERPRINT,
-    }
+    answer = _CompletionAnswer(body, len(jobs))
+    return await _respond(request, gen, answer.stream, answer.full)
 
-    offsets = [0] * len(jobs)  # characters streamed per choice (text_offset continues from there)
 
-    def chunk(index: int, text: str, finish: str | None, lps: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+class _CompletionAnswer:
+    """One legacy completion's answer (one choice per prompt): the SSE chunks, or the whole object."""
+
+    def __init__(self, body: CompletionRequest, n_choices: int) -> None:
+        self.body = body
+        self.head = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "system_fingerprint": FINGERPRINT,
+        }
+        self.offsets = [0] * n_choices  # characters streamed per choice (text_offset continues from there)
+
+    def chunk(self, index: int, text: str, finish: str | None,
+              lps: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
         lp = None
-        if body.logprobs is not None:
-            lp = completion_logprobs(lps, offsets[index])
-            offsets[index] += sum(len(t.token) for t in lps)
-        c = {**head, "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": finish}]}
-        if body.include_usage():
+        if self.body.logprobs is not None:
+            lp = completion_logprobs(lps, self.offsets[index])
+            self.offsets[index] += sum(len(t.token) for t in lps)
+        choice = {"text": text, "index": index, "logprobs": lp, "finish_reason": finish}
+        c = {**self.head, "choices": [choice]}
+        if self.body.include_usage():
             c["usage"] = None
         return c
 
-    async def stream(g: Generation) -> AsyncIterator[bytes]:
+    async def stream(self, g: Generation) -> AsyncIterator[bytes]:
         async for index, ev in g.events():
             if ev.finish_reason is not None:
                 if failure(g.outcomes[index]) is None:
-                    yield _sse(chunk(index, ev.text, openai_finish(ev.finish_reason), ev.logprobs))
+                    yield _sse(self.chunk(index, ev.text, openai_finish(ev.finish_reason), ev.logprobs))
             elif ev.text:
-                yield _sse(chunk(index, ev.text, None, ev.logprobs))
+                yield _sse(self.chunk(index, ev.text, None, ev.logprobs))
         err = _error_chunk(g)
         if err is not None:
             yield err
             return
-        if body.include_usage():
-            yield _sse({**head, "choices": [], "usage": _usage_json(g.usage())})
+        if self.body.include_usage():
+            yield _sse({**self.head, "choices": [], "usage": _usage_json(g.usage())})
         yield b"data: [DONE]\n\n"
 
-    def full(g: Generation) -> dict[str, Any]:
+    def full(self, g: Generation) -> dict[str, Any]:
         return {
-            **head,
+            **self.head,
             "choices": [
                 {
                     "text": o.text,
                     "index": i,
-                    "logprobs": completion_logprobs(o.logprobs) if body.logprobs is not None else None,
+                    "logprobs": completion_logprobs(o.logprobs) if self.body.logprobs is not None else None,
                     "finish_reason": openai_finish(o.finish_reason),
                 }
                 for i, o in enumerate(g.outcomes)
             ],
             "usage": _usage_json(g.usage()),
         }
-
-    return await _respond(request, gen, stream, full)
 
 
 # --- models -------------------------------------------------------------------

@@ -4,6 +4,8 @@
   is decoded, and its heavy steps run, in a worker thread so the loop never waits on it.
 - `run_unstreamed`: run a `Generation` to the end while watching for the client leaving
   (a disconnect cancels the engine work at once; the answer is then a 499 nobody reads).
+- `stream_or_json`: the one answer of an admitted `Generation`, streamed (each API its own
+  framing) or one JSON body, 499 on a disconnect, released exactly once either way.
 - `NdjsonStream`: Ollama's streaming framing (one JSON object per line). Its disconnect
   listener runs from the first byte on, also while the request still waits for a slot and
   writes nothing, so a client that leaves frees its ticket and slot at the next engine step.
@@ -21,7 +23,7 @@ from typing import Any
 
 import anyio
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from edge.api.body import parse_json
 from edge.api.generation import Generation, failure
@@ -29,6 +31,7 @@ from edge.api.generation import Generation, failure
 # A request whose body is larger than this is decoded, rendered and tokenized in a worker thread;
 # smaller ones take microseconds, less than the thread hop, and stay on the loop.
 INLINE_WORK_BYTES = 64 << 10
+CLIENT_CLOSED = 499  # nginx's "client closed request": the unstreamed answer nobody reads
 
 
 class JsonBody:
@@ -81,6 +84,38 @@ async def run_unstreamed(request: Request, gen: Generation) -> bool:
         if err is not None:
             raise err
     return True
+
+
+async def stream_or_json(
+    request: Request,
+    gen: Generation,
+    stream: Callable[[Callable[[], Awaitable[None]]], Response],
+    whole: Callable[[Generation], dict[str, Any]],
+    after: Callable[[], Awaitable[None]] | None = None,
+) -> Response:
+    """Answer an entered (admitted) `gen`. Streaming: `stream(close)` builds the response, which
+    awaits `close` when it ends. Else run to the end and answer `whole(gen)` as JSON, or 499 when
+    the client left first (the engine work is cancelled). `close` releases `gen`, then runs
+    `after` (Ollama applies its keep-alive there); it does so once, however often it is awaited."""
+    closed = False
+
+    async def close() -> None:
+        nonlocal closed
+        if closed:
+            return
+        closed = True
+        await gen.__aexit__(None, None, None)
+        if after is not None:
+            await after()
+
+    if gen.stream:
+        return stream(close)
+    try:
+        if not await run_unstreamed(request, gen):
+            return Response(status_code=CLIENT_CLOSED)
+        return JSONResponse(whole(gen))
+    finally:
+        await close()
 
 
 def ndjson_line(obj: Any) -> bytes:

@@ -51,7 +51,7 @@ from edge.api.sse import respond
 from edge.api.state import ApiState
 from edge.api.tools import ToolPlan, plan_tool_calls, template_messages
 from edge.errors import InvalidRequest, PreviousResponseNotFound, ResponseNotFound
-from edge.runtime.chat_template import TemplateInfo, with_turn_stops
+from edge.runtime.text.chat_template import TemplateInfo, with_turn_stops
 from edge.runtime.types import FinishReason, SamplingParams, Usage
 
 router = APIRouter()
@@ -206,28 +206,39 @@ async def create_response(request: Request) -> Response:
     messages = to_messages(body.instructions, items, first_new)
     job, plan = await raw.run(partial(_prepare, st, body, messages, template_info(st.engine)))
     gen = Generation(st, [job], priority, t0_s, stream=bool(body.stream))
-    rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
-    echo = _echo(body)
+    answer = _ResponseAnswer(st, body, plan, items)
+    return await respond(request, gen, answer.stream, answer.full)
 
-    def obj(status: str, output: list[dict[str, Any]], usage: Usage | None, **extra: Any) -> dict[str, Any]:
-        return {"id": rid, "object": "response", "created_at": created, "status": status, "error": None,
-                "incomplete_details": None, **echo, "output": output,
+
+class _ResponseAnswer:
+    """One response object as it is streamed (events) or returned whole, and stored when done.
+    A class rather than closures in the route so each shape reads (and is sized) on its own."""
+
+    def __init__(self, st: ApiState, body: ResponsesRequest, plan: ToolPlan, items: list[InputItem]) -> None:
+        self.st, self.body, self.plan, self.items = st, body, plan, items
+        self.rid, self.created = f"resp_{uuid.uuid4().hex}", int(time.time())
+        self.echo = _echo(body)
+
+    def obj(self, status: str, output: list[dict[str, Any]], usage: Usage | None,
+            **extra: Any) -> dict[str, Any]:
+        return {"id": self.rid, "object": "response", "created_at": self.created, "status": status,
+                "error": None, "incomplete_details": None, **self.echo, "output": output,
                 "usage": _usage(usage) if usage is not None else None} | extra
 
-    def done(g: Generation, b: OutputBuilder) -> dict[str, Any]:
+    def done(self, g: Generation, b: OutputBuilder) -> dict[str, Any]:
         """The finished response; kept for previous_response_id unless store is false."""
         cut = g.outcomes[0].finish_reason is FinishReason.LENGTH
         extra = {"incomplete_details": {"reason": "max_output_tokens"}} if cut else {}
-        final = obj("incomplete" if cut else "completed", b.output, g.usage(), **extra)
-        if body.store is not False:
-            st.responses.put(rid, final, [*_dump(items), *b.conversation_items()])
+        final = self.obj("incomplete" if cut else "completed", b.output, g.usage(), **extra)
+        if self.body.store is not False:
+            self.st.responses.put(self.rid, final, [*_dump(self.items), *b.conversation_items()])
         return final
 
-    async def stream(g: Generation) -> AsyncIterator[bytes]:
+    async def stream(self, g: Generation) -> AsyncIterator[bytes]:
         b = OutputBuilder()
-        yield _event(b.event("response.created", response=obj("in_progress", [], None)))
-        yield _event(b.event("response.in_progress", response=obj("in_progress", [], None)))
-        scanner = plan.scanner(stream_calls=True) if plan.active else None
+        yield _event(b.event("response.created", response=self.obj("in_progress", [], None)))
+        yield _event(b.event("response.in_progress", response=self.obj("in_progress", [], None)))
+        scanner = self.plan.scanner(stream_calls=True) if self.plan.active else None
         n_ended = 0
         async for _, ev in g.events():
             if ev.text:
@@ -240,7 +251,7 @@ async def create_response(request: Request) -> Response:
             info = payload["error"]
             yield _event(b.event("error", code=info["code"], message=info["message"], param=info["param"]))
             error = {"code": info["code"], "message": info["message"]}
-            failed = obj("failed", b.output, g.usage(), error=error)
+            failed = self.obj("failed", b.output, g.usage(), error=error)
             yield _event(b.event("response.failed", response=failed))
             return
         if scanner is not None:
@@ -250,18 +261,16 @@ async def create_response(request: Request) -> Response:
         cut = g.outcomes[0].finish_reason is FinishReason.LENGTH
         for e in b.finish(cut):
             yield _event(e)
-        final = done(g, b)
+        final = self.done(g, b)
         yield _event(b.event("response.incomplete" if cut else "response.completed", response=final))
 
-    def full(g: Generation) -> dict[str, Any]:
+    def full(self, g: Generation) -> dict[str, Any]:
         b = OutputBuilder()
-        scanner = plan.scanner(stream_calls=True) if plan.active else None  # the same items as streamed
+        scanner = self.plan.scanner(stream_calls=True) if self.plan.active else None  # as streamed
         text = g.outcomes[0].text
         b.feed(scanner.feed(text) + scanner.finish() if scanner else [("content", text)], 0)
         b.finish(g.outcomes[0].finish_reason is FinishReason.LENGTH)
-        return done(g, b)
-
-    return await respond(request, gen, stream, full)
+        return self.done(g, b)
 
 
 @router.get("/v1/responses/{response_id}")

@@ -15,6 +15,13 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
+from edge.contracts.options import (
+    DRAFT_MAX_LIMIT,
+    MAX_TOP_LOGPROBS,
+    PENALTY_ABS_MAX,
+    REPEAT_PENALTY_MAX,
+    TEMPERATURE_MAX,
+)
 from edge.errors import InvalidRequest
 
 # Accepted and ignored whatever their value: they do not change the output.
@@ -98,20 +105,20 @@ class _Sampling(_Base):
     """Sampling fields of every generating endpoint. `top_k`, `min_p`, `repeat_penalty` are
     llama.cpp extensions."""
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0, le=TEMPERATURE_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(None, gt=0.0, le=REPEAT_PENALTY_MAX)
+    presence_penalty: float | None = Field(None, ge=-PENALTY_ABS_MAX, le=PENALTY_ABS_MAX)
+    frequency_penalty: float | None = Field(None, ge=-PENALTY_ABS_MAX, le=PENALTY_ABS_MAX)
     seed: int | None = None
     logit_bias: dict[str, float] | None = None
     # speculative decoding (edge extension, llama.cpp-style): true forces it on (400 where the
     # model's cache cannot roll back), false off, absent: the engine's adaptive choice;
     # n_draft caps the tokens drafted per step (0: off)
     speculative: StrictBool | None = None
-    n_draft: int | None = Field(None, ge=0, le=64)
+    n_draft: int | None = Field(None, ge=0, le=DRAFT_MAX_LIMIT)
 
     @field_validator("logit_bias")
     @classmethod
@@ -247,7 +254,7 @@ class ChatCompletionRequest(_SamplingFields):
     # llama.cpp's server default: one call per turn unless the client asks for more
     parallel_tool_calls: StrictBool | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -263,7 +270,7 @@ class CompletionRequest(_SamplingFields):
     # StrictInt: JSON true/false are not token ids (pydantic would read true as 1)
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     response_format: ResponseFormat | None = None
-    logprobs: int | None = Field(None, ge=0, le=20)  # legacy completions: alternatives per token
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # legacy completions: alternatives/token
 
     def logprobs_n(self) -> int | None:
         return self.logprobs

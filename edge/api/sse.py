@@ -6,17 +6,16 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import partial
 from typing import Any
 
 import anyio
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse
 
 from edge.api.errors import to_http
 from edge.api.generation import Generation, failure
-from edge.api.respond import run_unstreamed
+from edge.api.respond import stream_or_json
 
 
 def sse(obj: Any) -> bytes:
@@ -57,23 +56,20 @@ async def respond(
     stream_fn: Callable[[Generation], AsyncIterator[bytes]],
     body_fn: Callable[[Generation], dict[str, Any]],
 ) -> Response:
-    """Run `gen` streaming or not; in both cases a disconnect cancels the generation."""
-    if gen.stream:
-        await gen.__aenter__()
+    """Admit `gen`, then answer as SSE or one JSON body (`stream_or_json`); a disconnect cancels."""
+    await gen.__aenter__()
 
+    def stream(close: Callable[[], Awaitable[None]]) -> Response:
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in stream_fn(gen):
                     yield chunk
             finally:
-                await gen.__aexit__(None, None, None)
+                await close()  # release the slot as soon as the last chunk is out
 
-        return DisconnectAwareStream(body(), gen.cancel, partial(gen.__aexit__, None, None, None),
-                                     gen.st.settings.sse_ping_s)
-    async with gen:
-        if not await run_unstreamed(request, gen):
-            return Response(status_code=499)
-        return JSONResponse(body_fn(gen))
+        return DisconnectAwareStream(body(), gen.cancel, close, gen.st.settings.sse_ping_s)
+
+    return await stream_or_json(request, gen, stream, body_fn)
 
 
 def error_chunk(gen: Generation) -> bytes | None:

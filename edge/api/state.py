@@ -80,7 +80,6 @@ class ApiState:
     started_unix_s: float = field(default_factory=time.time)
     server_state: ServerState = ServerState.SERVING
     in_flight: dict[str, RequestHandleLike] = field(default_factory=dict)
-    embeds_in_flight: int = 0  # /v1/embeddings requests queued or running (bounded there)
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
     model_path: Path | None = None  # the served GGUF file (Ollama's /api/show, /api/tags); None: unknown
     ollama_cache: dict[str, Any] = field(default_factory=dict)  # model facts read once (api/ollama_models)

@@ -23,8 +23,8 @@ from typing import Any
 
 from edge.api.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice, ToolDef
 from edge.errors import InvalidRequest
-from edge.runtime.chat_template import TemplateInfo
-from edge.runtime.sampling import json_schema_to_grammar
+from edge.runtime.llama.sampling import json_schema_to_grammar
+from edge.runtime.text.chat_template import TemplateInfo
 from edge.toolcalls import CallScanner, JsonArgs, template_arguments
 
 CALL_RULE = "edge-tool-call"  # the converter's root rule, renamed under the family's wrapper

@@ -40,6 +40,7 @@ class _Progress:
     done: bool = False  # saw data: [DONE] or a finish_reason
     stream_error: str | None = None
     answered: bool = False  # the response's status line and headers arrived
+    retries: int = 0  # sent again after a kept-alive connection dropped unanswered
 
 
 def _content_of(choice: dict[str, Any]) -> str:
@@ -95,6 +96,34 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], p: 
         return resp.status_code
 
 
+async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any], p: _Progress, now: Now,
+                t_start: float, timeout_s: float) -> int:
+    """`_stream` within what is left of the timeout. A kept-alive connection the server had closed
+    answers nothing, so it is sent again once, as the OpenAI SDK's own retry does; the time lost
+    stays counted."""
+    while True:
+        try:
+            return await asyncio.wait_for(_stream(client, url, body, p, now, t_start),
+                                          timeout_s - (now() - t_start))
+        except (httpx.RemoteProtocolError, httpx.ConnectError):
+            if p.retries or p.answered:
+                raise
+            p.retries += 1
+
+
+def _stream_failure(status: int | None, p: _Progress) -> tuple[str | None, str]:
+    """(error kind, detail) of a stream that ended, or (None, "") when it is a timed answer."""
+    if status != 200:
+        return "http", f"{status} {p.stream_error or ''}".strip()
+    if p.stream_error is not None:
+        return "stream", p.stream_error
+    if not p.done:
+        return "stream", "the stream ended without [DONE] or a finish_reason"
+    if p.deltas == 0 and not p.usage_tokens:
+        return "empty", "200 with no output token (interrupted by another request?)"
+    return None, ""
+
+
 async def send_one(
     client: httpx.AsyncClient,
     base_url: str,
@@ -113,38 +142,15 @@ async def send_one(
     body = {"model": model_id, **spec.body, "stream": True, "stream_options": {"include_usage": True}}
     p = _Progress()
     status: int | None = None
-    error: str | None = None
-    detail = ""
     t_start = now()
-    retries = 0
     try:
-        while True:
-            try:
-                status = await asyncio.wait_for(_stream(client, base_url + path, body, p, now, t_start),
-                                                timeout_s - (now() - t_start))
-                break
-            except (httpx.RemoteProtocolError, httpx.ConnectError):
-                # a kept-alive connection the server had closed: nothing was answered, so send it
-                # again once, as the OpenAI SDK's own retry does; the time lost stays counted
-                if retries or p.answered:
-                    raise
-                retries += 1
-        if status != 200:
-            error, detail = "http", f"{status} {p.stream_error or ''}".strip()
-        elif p.stream_error is not None:
-            error, detail = "stream", p.stream_error
-        elif not p.done:
-            error, detail = "stream", "the stream ended without [DONE] or a finish_reason"
-        elif p.deltas == 0 and not p.usage_tokens:
-            error, detail = "empty", "200 with no output token (interrupted by another request?)"
+        status = await _send(client, base_url + path, body, p, now, t_start, timeout_s)
+        error, detail = _stream_failure(status, p)
     except (asyncio.TimeoutError, httpx.TimeoutException):
         error, detail = "timeout", f"no complete answer within {timeout_s:g} s"
-    except httpx.HTTPError as exc:
-        error, detail = "transport", f"{type(exc).__name__}: {exc}"
-    except OSError as exc:
+    except (httpx.HTTPError, OSError) as exc:
         error, detail = "transport", f"{type(exc).__name__}: {exc}"
     t_end = now()
-    from_usage = p.usage_tokens is not None
     return RequestResult(
         index=index,
         warmup=warmup,
@@ -152,11 +158,11 @@ async def send_one(
         end_s=t_end - t0,
         ttft_s=p.ttft_s,
         n_out=p.usage_tokens if p.usage_tokens is not None else p.deltas,
-        tokens_from_usage=from_usage,
+        tokens_from_usage=p.usage_tokens is not None,
         status=status,
         error=error,
         detail=detail,
-        retries=retries,
+        retries=p.retries,
     )
 
 

@@ -175,7 +175,7 @@ def run_bench(
     workload = cfg.workload()  # a bad spec fails before any server starts
     settings = None
     if cfg.model_path is not None:
-        from edge.runtime.backend import probe_backends  # the engine's own verdict on this build
+        from edge.runtime.llama.backend import probe_backends  # the engine's own verdict on this build
 
         settings = LaunchSettings(cfg.model_path, cfg.threads, cfg.slots, cfg.ctx,
                                   extra_buffers=probe_backends().cpu_extra_buffers)

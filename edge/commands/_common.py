@@ -20,9 +20,15 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
-    return load_settings(
+    """Settings from flags, TOML and env; a chat template that does not resolve is a ConfigError
+    here, before any model is pulled or loaded (the settings layer itself cannot check it)."""
+    from edge.host.loading import template_choice
+
+    settings = load_settings(
         getattr(args, "config", None), models_dir=getattr(args, "models_dir", None), **extra
     )
+    template_choice(settings)
+    return settings
 
 
 def parse_bytes(text: str) -> int:

@@ -2,7 +2,7 @@
 
 `engine` measures the engine against a bare llama_decode loop (and llama.cpp's own
 llama-bench when built), each in its own process with the user's environment, and
-prints the ratios the project tracks (see `edge/runtime/bench.py`). Exit status 0
+prints the ratios the project tracks (see `edge/tools/bench.py`). Exit status 0
 whatever the figures: a benchmark reports, it does not judge.
 
 `http` load-tests an OpenAI-compatible server over loopback with a closed-loop
@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge.runtime.bench import DEFAULT_LLAMA_BENCH, run_bench
     from edge.store import resolve_model
+    from edge.tools.bench import DEFAULT_LLAMA_BENCH, run_bench
 
     settings = settings_from_args(args)
     path = resolve_model(args.model or settings.default_model, settings)

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     from edge.service.launch import choose_model, open_engine, start_and_wait
 
     choice = choose_model(args.model, settings)
-    engine = open_engine(choice.path, settings)
+    engine, _ = open_engine(choice.path, settings)
     sampling = (
         SamplingParams()
         if args.temperature is None

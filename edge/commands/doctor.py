@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _probe_backends() -> Any:
-    from edge.runtime.backend import probe_backends
+    from edge.runtime.llama.backend import probe_backends
 
     return probe_backends()
 
@@ -211,50 +211,72 @@ def _c(t: float | None) -> str:
 
 
 def render(r: dict[str, Any]) -> str:
-    lines: list[str] = []
-    add = lines.append
+    """The report as text, one section after another as `doctor --json` nests them."""
+    lines = [f"edge {r['edge_version']} doctor"]
+    lines += _render_host(r)
+    lines += _render_thermal(r["thermal"])
+    lines += _render_telemetry(r)
+    if "inputs_present" in r.get("power", {}):
+        lines.extend(render_power(r["power"]))
+    elif r.get("power"):
+        lines.append(f"power      unknown ({r['power'].get('error')})")
+    if r["errors"]:
+        lines.append("problems")
+        lines.extend(f"  ! {e}" for e in r["errors"])
+    return "\n".join(lines)
+
+
+def _render_host(r: dict[str, Any]) -> list[str]:
+    """Platform, profile, backends, CPUs and memory."""
     pf, pr, be, cpu, mem = r["platform"], r["profile"], r["backends"], r["cpu"], r["memory"]
     what = ", ".join(x for x in (pf["model"], pf["l4t_release"]) if x)
-    add(f"edge {r['edge_version']} doctor")
-    add(f"platform   {pf['kind']} ({pf['system']} {pf['machine']}){': ' + what if what else ''}")
     limits = f"limit {_c(pr.get('thermal_limit_c'))}, critical {_c(pr.get('thermal_critical_c'))}"
-    add(f"profile    {pr['name']} ({pr['source']}); {pr.get('error') or limits}")
+    lines = [
+        f"platform   {pf['kind']} ({pf['system']} {pf['machine']}){': ' + what if what else ''}",
+        f"profile    {pr['name']} ({pr['source']}); {pr.get('error') or limits}",
+    ]
     if be.get("llama_cpp_version") is None:
-        add(f"backends   unknown ({be.get('error') or 'llama-cpp-python not found'})")
+        lines.append(f"backends   unknown ({be.get('error') or 'llama-cpp-python not found'})")
     else:
         have = [k[4:] for k in ("has_cpu", "has_cuda", "has_metal", "has_blas") if be.get(k)]
-        add(
+        lines.append(
             f"backends   llama-cpp-python {be['llama_cpp_version']}: {', '.join(have)}; "
             f"gpu offload {'yes' if be.get('gpu_offload') else 'no'}"
         )
     quota = "none" if cpu["quota_cpus"] is None else f"{cpu['quota_cpus']:.2f} CPUs"
-    add(
+    lines.append(
         f"cpus       {cpu['logical'] or 'unknown'} logical, {cpu['usable'] or 'unknown'} usable, "
         f"cgroup quota {quota} -> {cpu['effective']} threads"
     )
-    add(
+    lines.append(
         f"memory     total {_gib(mem['total_bytes'])}, available {_gib(mem['available_bytes'])} "
         f"(MemAvailable {_gib(mem['meminfo_available_bytes'])})"
     )
     cg = mem["cgroup"]
     if cg is None:
-        add("cgroup     none found")
+        lines.append("cgroup     none found")
     else:
         limit = "no limit" if cg["limit_bytes"] is None else f"limit {_gib(cg['limit_bytes'])}"
-        add(f"cgroup     v{cg['version']} {cg['path']}: {limit}, using {_gib(cg['current_bytes'])}")
+        using = _gib(cg["current_bytes"])
+        lines.append(f"cgroup     v{cg['version']} {cg['path']}: {limit}, using {using}")
     if mem["nvmap_used_bytes"] is not None:
-        add(f"nvmap      {_gib(mem['nvmap_used_bytes'])} of GPU buffers in shared memory")
-    th = r["thermal"]
-    add(f"thermal    {len(th['zones'])} zones" + ("" if th["zones"] else " (no thermal sensors exposed)"))
+        lines.append(f"nvmap      {_gib(mem['nvmap_used_bytes'])} of GPU buffers in shared memory")
+    return lines
+
+
+def _render_thermal(th: dict[str, Any]) -> list[str]:
+    """Thermal zones with their trips, hwmon sensors, cooling devices and cpufreq caps."""
+    none = "" if th["zones"] else " (no thermal sensors exposed)"
+    lines = [f"thermal    {len(th['zones'])} zones{none}"]
     for z in th["zones"]:
         trips = ", ".join(f"{t['type']} {_c(t['temp_c'])}" for t in z["trips"]) or "no trips"
         note = "" if z["counts"] else "  [ignored]"
-        add(f"  {z['type'][:20]:20} {z['zone']:15} {_c(z['temp_c']):>10}  trips: {trips}{note}")
+        lines.append(f"  {z['type'][:20]:20} {z['zone']:15} {_c(z['temp_c']):>10}  trips: {trips}{note}")
     for h in th["hwmon"]:
         limits = f"max {_c(h['max_c'])}, crit {_c(h['crit_c'])}"
-        add(f"  hwmon {h['chip']}/{h['label']}: {_c(h['temp_c'])} ({limits})")
+        lines.append(f"  hwmon {h['chip']}/{h['label']}: {_c(h['temp_c'])} ({limits})")
     if th["cooling"]:
-        add(
+        lines.append(
             "cooling    "
             + ", ".join(
                 f"{c['type']} {_state(c['cur_state'])}/{_state(c['max_state'])}" for c in th["cooling"]
@@ -262,31 +284,30 @@ def render(r: dict[str, Any]) -> str:
         )
     capped = [f["cpu"] for f in th["cpufreq"] if f["capped"]]
     if th["cpufreq"]:
-        add(f"cpufreq    {len(th['cpufreq'])} CPUs; capped below max: {capped or 'none'}")
+        lines.append(f"cpufreq    {len(th['cpufreq'])} CPUs; capped below max: {capped or 'none'}")
+    return lines
+
+
+def _render_telemetry(r: dict[str, Any]) -> list[str]:
+    """The telemetry source chosen, and one sample from it (its errors not already problems)."""
     t = r["telemetry"]
-    add(f"telemetry  {t['source'] or 'unknown'} (from '{t['spec']}': {t['reason'] or t['error']})")
+    lines = [f"telemetry  {t['source'] or 'unknown'} (from '{t['spec']}': {t['reason'] or t['error']})"]
     if t["error"]:
-        add(f"  ! telemetry source failed: {t['error']}")
+        lines.append(f"  ! telemetry source failed: {t['error']}")
     s = t["sample"]
-    if s is not None:
-        throttling = s["kernel_throttling"]
-        power = "unknown" if s["power_w"] is None else f"{s['power_w']:.1f} W"
-        psi = "unknown" if s["psi_some_avg10"] is None else f"{s['psi_some_avg10']:.1f}%"
-        add(
-            f"  sample   temp {_c(s['temp_c'])}, limit {_c(s['limit_c'])}, "
-            f"kernel throttling {'unknown' if throttling is None else throttling}, power {power}, "
-            f"mem available {_gib(s['mem_available_bytes'])}, PSI some {psi}"
-        )
-        seen = set(r["errors"])
-        lines.extend(f"  ! {e}" for e in s["errors"] if e not in seen)  # the rest is under problems
-    if "inputs_present" in r.get("power", {}):
-        lines.extend(render_power(r["power"]))
-    elif r.get("power"):
-        add(f"power      unknown ({r['power'].get('error')})")
-    if r["errors"]:
-        add("problems")
-        lines.extend(f"  ! {e}" for e in r["errors"])
-    return "\n".join(lines)
+    if s is None:
+        return lines
+    throttling = s["kernel_throttling"]
+    power = "unknown" if s["power_w"] is None else f"{s['power_w']:.1f} W"
+    psi = "unknown" if s["psi_some_avg10"] is None else f"{s['psi_some_avg10']:.1f}%"
+    lines.append(
+        f"  sample   temp {_c(s['temp_c'])}, limit {_c(s['limit_c'])}, "
+        f"kernel throttling {'unknown' if throttling is None else throttling}, power {power}, "
+        f"mem available {_gib(s['mem_available_bytes'])}, PSI some {psi}"
+    )
+    seen = set(r["errors"])
+    lines.extend(f"  ! {e}" for e in s["errors"] if e not in seen)  # the rest is under problems
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """`edge eval MODEL [--against MODEL2]`: perplexity over a text, to check a quantization before deploying.
 
 Perplexity comes from the model's own logits over strided windows
-(`edge/runtime/perplexity.py`); with `--against` the second model is measured on the same
+(`edge/tools/perplexity.py`); with `--against` the second model is measured on the same
 tokens and the relative change is printed, which is how much the other quantization loses.
 The default text (`edge/data/eval/`, shipped with the package) is public-domain English
 prose of about 8,300 tokens.
@@ -109,7 +109,7 @@ def _prepare(ref: str, settings: Any) -> tuple[Path, int]:
     """Resolve, validate and memory-plan a model: (path, GPU layers). llama.cpp never opens a
     file edge has not validated, nor gets a context that does not fit."""
     from edge.errors import InsufficientMemory
-    from edge.runtime.loading import plan_for
+    from edge.host.loading import plan_for
 
     path, plan = plan_for(ref, settings)
     if not plan.fits:
@@ -147,7 +147,7 @@ def evaluate_models(args: argparse.Namespace, text: str, *, prepare: Callable[[s
         "ppl_change_pct": None,
     }
     if len(results) > 1:
-        from edge.runtime.perplexity import relative_change_pct
+        from edge.tools.perplexity import relative_change_pct
 
         doc["ppl_change_pct"] = relative_change_pct(results[0].ppl, results[1].ppl)
     return doc
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         if prepare is None:
             prepare = _prepare
         if evaluate is None or check_vocab is None:
-            from edge.runtime import perplexity
+            from edge.tools import perplexity
 
             evaluate = evaluate or perplexity.evaluate
             check_vocab = check_vocab or perplexity.check_same_vocab

@@ -45,7 +45,7 @@ def template_in_use(model_template: str | None, setting: str | None) -> dict[str
     """What `serve` would use: {source, name, tools, tool_format, stop} or {source, error} when the
     model's template does not compile (serve would then fail every chat with a 400)."""
     from edge.errors import TemplateError
-    from edge.runtime.chat_template import describe, load_template, resolve_chat_template
+    from edge.runtime.text.chat_template import describe, load_template, resolve_chat_template
 
     choice = resolve_chat_template(setting)
     try:

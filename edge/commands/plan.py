@@ -17,9 +17,9 @@ from edge.commands.inspect import resolve_model_path
 from edge.config import DeviceProfile, Settings, resolve_profile
 from edge.errors import InvalidRequest
 from edge.gguf import validate_gguf
+from edge.host.loading import size_for
 from edge.kvcache import KV_CACHE_TYPES, kv_type_problem
 from edge.planner import MemoryPlan
-from edge.runtime.loading import size_for
 
 T = TypeVar("T")
 

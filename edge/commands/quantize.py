@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edge.commands.inspect import resolve_model_path
-    from edge.runtime.quantize import dequantize_to_f16, quantize
+    from edge.tools.quantize import dequantize_to_f16, quantize
 
     try:
         src = Path(resolve_model_path(args.src, args)).resolve()

@@ -75,7 +75,7 @@ def collect_facts(args: argparse.Namespace, doc: dict[str, Any], model: Path | N
     facts["model"] = info_to_json(validate_gguf(model))
     try:
         from edge.commands._common import settings_from_args
-        from edge.runtime.loading import plan_for
+        from edge.host.loading import plan_for
 
         s = doc["settings"]
         settings = settings_from_args(args, n_ctx=s["ctx"], slots=s["slots"], threads=s["threads"])

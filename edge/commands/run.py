@@ -51,7 +51,7 @@ def build_request(engine: EngineLike, prompt: str, args: argparse.Namespace,
             **{k: v for k, v in (("temperature", args.temperature), ("seed", args.seed)) if v is not None},
         )
     # Base models (no template in the GGUF) get the prompt as is, as a completion.
-    if not args.raw and getattr(engine, "has_chat_template", True):
+    if not args.raw and engine.has_chat_template:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": prompt})
         try:
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if tools and args.raw:
         raise InvalidRequest("--tools needs the chat template (drop --raw)", "--tools")
     choice = choose_model(args.model, settings)
-    engine = open_engine(choice.path, settings)
+    engine, _ = open_engine(choice.path, settings)
     try:
         start_and_wait(engine)
         scanner = scanner_for(engine, tools) if tools else None

@@ -6,11 +6,21 @@ import argparse
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 from edge.commands._common import add_settings_args, settings_from_args
-from edge.config import DEFAULT_PROMPT_CACHE_MIB
+from edge.config import Settings
+from edge.contracts.options import (
+    DEFAULT_DRAFT_MAX,
+    DEFAULT_FLASH_ATTN,
+    DEFAULT_PROMPT_CACHE_MIB,
+    DEFAULT_SLOTS,
+    DEFAULT_SPECULATIVE,
+    FLASH_ATTN_KINDS,
+    SPECULATIVE_MODES,
+)
 from edge.runtime.types import EngineLike
-from edge.service.launch import bind_api_key, build_scheduler, choose_model, open_engine, plan_of
+from edge.service.launch import bind_api_key, build_scheduler, choose_model, open_engine
 
 log = logging.getLogger("edge.serve")
 
@@ -18,12 +28,34 @@ log = logging.getLogger("edge.serve")
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     p.add_argument("model", nargs="?", default=None, help="store name or .gguf path (default: default_model)")
+    _add_server_args(p)
+    _add_device_args(p)
+    _add_model_args(p)
+    p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
+    add_settings_args(p)
+    p.set_defaults(func=run)
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    """Where and how the HTTP side listens (and the agent check beside it)."""
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1; others need an API key)")
     p.add_argument("--port", type=int, default=None, help="TCP port (default 8088)")
-    p.add_argument("--slots", type=int, default=None, help="sequences decoded together")
-    p.add_argument("--threads", type=int, default=None, help="decode threads")
     p.add_argument("--max-queue", type=int, default=None, help="requests allowed to wait (beyond: 503)")
-    p.add_argument("--ctx", type=int, default=None, help="context length in tokens")
+    p.add_argument("--api-key-file", type=Path, default=None, help="file holding the bearer API key")
+    p.add_argument(
+        "--insecure", action="store_true", default=None, help="allow a non-loopback bind without an API key"
+    )
+    p.add_argument(
+        "--drain-timeout", type=float, default=None, help="seconds running requests get on SIGTERM"
+    )
+    p.add_argument("--agent-port", type=int, default=None,
+                   help="HAProxy agent check port: answers the box's weight from its headroom (default off)")
+    p.add_argument("--agent-host", default=None,
+                   help="agent check bind address (default 127.0.0.1; others need an API key)")
+
+
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    """What the scheduler reads and holds: profile, telemetry, throughput, power."""
     p.add_argument("--profile", default=None, help="device profile in configs/devices")
     p.add_argument(
         "--telemetry",
@@ -41,13 +73,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="on battery below this charge, background work waits (default 20)")
     p.add_argument("--sysfs-root", type=Path, default=None, help="sysfs root to read (tests, containers)")
     p.add_argument("--procfs-root", type=Path, default=None, help="procfs root to read")
-    p.add_argument("--api-key-file", type=Path, default=None, help="file holding the bearer API key")
-    p.add_argument(
-        "--insecure", action="store_true", default=None, help="allow a non-loopback bind without an API key"
-    )
-    p.add_argument(
-        "--drain-timeout", type=float, default=None, help="seconds running requests get on SIGTERM"
-    )
+    p.add_argument("--sim-ambient-file", type=Path, default=None,
+                   help="with --telemetry sim:..., a file holding the room temperature in C "
+                   "(re-read as it changes)")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """How the model runs: slots, threads, context, template, speculation, caches, attention.
+    Choices and defaults shown come from edge.contracts.options, as the settings' do."""
+    p.add_argument("--slots", type=int, default=None,
+                   help=f"sequences decoded together (default {DEFAULT_SLOTS})")
+    p.add_argument("--threads", type=int, default=None, help="decode threads")
+    p.add_argument("--ctx", type=int, default=None, help="context length in tokens")
     p.add_argument(
         "--chat-template", default=None, metavar="NAME|FILE",
         help="replace the model's chat template: chatml, chatml-tools (adds tool calling), llama3, plain, "
@@ -55,70 +92,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--embedding-model", default=None, metavar="MODEL",
                    help="a second model for /v1/embeddings (default: the served model's own weights)")
-    p.add_argument("--agent-port", type=int, default=None,
-                   help="HAProxy agent check port: answers the box's weight from its headroom (default off)")
-    p.add_argument("--agent-host", default=None,
-                   help="agent check bind address (default 127.0.0.1; others need an API key)")
-    p.add_argument("--sim-ambient-file", type=Path, default=None,
-                   help="with --telemetry sim:..., a file holding the room temperature in C "
-                   "(re-read as it changes)")
-    p.add_argument("--speculative", choices=("off", "ngram", "draft"), default=None,
-                   help="speculative decoding (default ngram: adaptive prompt lookup; draft: --draft-model)")
+    p.add_argument("--speculative", choices=SPECULATIVE_MODES, default=None,
+                   help=f"speculative decoding (default {DEFAULT_SPECULATIVE}: adaptive prompt lookup; "
+                   "draft: --draft-model)")
     p.add_argument("--draft-model", default=None, metavar="MODEL",
                    help="draft model for --speculative draft (same vocabulary as the served model)")
-    p.add_argument("--draft-max", type=int, default=None, metavar="K", help="most tokens drafted per step")
+    p.add_argument("--draft-max", type=int, default=None, metavar="K",
+                   help=f"most tokens drafted per step (default {DEFAULT_DRAFT_MAX})")
     p.add_argument("--prompt-cache-mib", type=int, default=None, metavar="MIB",
                    help="host memory for idle prompt caches moved out of the KV cache "
                    f"(default {DEFAULT_PROMPT_CACHE_MIB}; 0: off)")
-    p.add_argument("--flash-attn", choices=("auto", "on", "off", "fastest"), default=None,
-                   help="flash attention (default auto: llama.cpp's choice; fastest: timed both ways on "
-                   "this device once and the faster kept, greedy output may then vary with batching)")
-    p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
-    add_settings_args(p)
-    p.set_defaults(func=run)
+    p.add_argument("--flash-attn", choices=FLASH_ATTN_KINDS, default=None,
+                   help=f"flash attention (default {DEFAULT_FLASH_ATTN}: llama.cpp's choice; fastest: timed "
+                   "both ways on this device once and the faster kept, greedy output may then vary with "
+                   "batching)")
+
+
+# settings field <- argparse dest, where the two names differ (every other flag has the field's name)
+_RENAMED = {"n_ctx": "ctx", "drain_timeout_s": "drain_timeout"}
+_SETTINGS_FROM_FLAGS = (
+    "host", "port", "slots", "threads", "max_queue", "n_ctx", "profile", "telemetry", "calibration",
+    "power_budget_w", "battery_reserve_pct", "battery_power_budget_w", "sysfs_root", "procfs_root",
+    "api_key_file", "insecure", "drain_timeout_s", "chat_template", "embedding_model", "agent_port",
+    "agent_host", "sim_ambient_file", "speculative", "draft_model", "draft_max", "flash_attn",
+    "prompt_cache_mib",
+)
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The settings `serve` runs with: every flag given overrides its field (None: not given)."""
+    return settings_from_args(args, **{name: getattr(args, _RENAMED.get(name, name))
+                                       for name in _SETTINGS_FROM_FLAGS})
 
 
 def run(args: argparse.Namespace) -> int:
     from edge.api.app import create_app
-    from edge.service.agent import AgentServer, agent_bind
-    from edge.service.notify import Notifier
-    from edge.service.server import EdgeServer, make_config
+    from edge.service.agent import agent_bind
 
-    settings = settings_from_args(
-        args,
-        host=args.host,
-        port=args.port,
-        slots=args.slots,
-        threads=args.threads,
-        max_queue=args.max_queue,
-        n_ctx=args.ctx,
-        profile=args.profile,
-        telemetry=args.telemetry,
-        calibration=args.calibration,
-        power_budget_w=args.power_budget_w,
-        battery_reserve_pct=args.battery_reserve_pct,
-        battery_power_budget_w=args.battery_power_budget_w,
-        sysfs_root=args.sysfs_root,
-        procfs_root=args.procfs_root,
-        api_key_file=args.api_key_file,
-        insecure=args.insecure,
-        drain_timeout_s=args.drain_timeout,
-        chat_template=args.chat_template,
-        embedding_model=args.embedding_model,
-        agent_port=args.agent_port,
-        agent_host=args.agent_host,
-        sim_ambient_file=args.sim_ambient_file,
-        speculative=args.speculative,
-        draft_model=args.draft_model,
-        draft_max=args.draft_max,
-        flash_attn=args.flash_attn,
-        prompt_cache_mib=args.prompt_cache_mib,
-    )
+    settings = settings_of(args)
     api_key = bind_api_key(settings)
     agent_at = agent_bind(settings, keyed=api_key is not None)
     choice = choose_model(args.model, settings)
-    engine = open_engine(choice.path, settings)
-    scheduler = None if args.no_scheduler else build_scheduler(settings, engine)
+    engine, plan = open_engine(choice.path, settings)
+    scheduler = None if args.no_scheduler else build_scheduler(settings, engine, plan=plan)
     app = create_app(
         settings,
         engine,
@@ -126,19 +142,29 @@ def run(args: argparse.Namespace) -> int:
         model_id=choice.model_id,
         model_aliases=choice.aliases,
         api_key=api_key or "",
-        plan=plan_of(engine, choice.path, settings),
+        plan=plan,
         model_path=choice.path,
     )
-    notifier = Notifier()
+    return _serve(app, settings, engine, scheduler, agent_at, auth=bool(api_key),
+                  verbose=bool(getattr(args, "verbose", False)), model_path=choice.path)
+
+
+def _serve(app: Any, settings: Settings, engine: EngineLike, scheduler: object,
+           agent_at: tuple[str, int] | None, *,
+           auth: bool, verbose: bool, model_path: Path) -> int:
+    """Run uvicorn until it stops while the model loads in a thread (so /health answers at once);
+    the engine is stopped however the server ends."""
+    from edge.service.agent import AgentServer
+    from edge.service.notify import Notifier
+    from edge.service.server import EdgeServer, make_config
+
     state = app.state.edge
     agent = None if agent_at is None else AgentServer(state.balancer_weight, *agent_at)
     server = EdgeServer(
-        make_config(
-            app, settings.host, settings.port, "debug" if getattr(args, "verbose", False) else "info"
-        ),
-        app.state.edge,
+        make_config(app, settings.host, settings.port, "debug" if verbose else "info"),
+        state,
         engine,
-        notifier,
+        Notifier(),
         drain_timeout_s=settings.drain_timeout_s,
         agent=agent,
     )
@@ -147,13 +173,8 @@ def run(args: argparse.Namespace) -> int:
         target=_load, args=(engine, scheduler, stop, server), name="edge-load", daemon=True
     )
     loader.start()
-    log.info(
-        "serving %s on http://%s:%d (auth %s)",
-        choice.path,
-        settings.host,
-        settings.port,
-        "on" if api_key else "off",
-    )
+    log.info("serving %s on http://%s:%d (auth %s)", model_path, settings.host, settings.port,
+             "on" if auth else "off")
     try:
         server.run()
     finally:

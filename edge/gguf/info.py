@@ -12,6 +12,7 @@ src/models/*.cpp), so that the memory planner predicts what llama.cpp allocates:
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -268,6 +269,44 @@ def build_info(raw: RawGGUF, path: str, sizes: list[int], type_names: dict[int, 
     arch = meta.str_("general.architecture")
     if not arch:
         raise InvalidGGUF(path, "missing required key 'general.architecture'")
+    hparams = _hparams(meta, arch, path)
+    tensors = _tensor_infos(raw, sizes, type_names)
+    file_type = _file_type(meta.int_("general.file_type"))
+    template = meta.str_("tokenizer.chat_template")
+    small_meta = {
+        k: v
+        for k, v in raw.kv.items()
+        if not isinstance(v, (GGUFArray, SkippedString)) and k != "tokenizer.chat_template"
+    }
+    merges = raw.kv.get("tokenizer.ggml.merges")
+    return GGUFInfo(
+        path=path,
+        file_size_bytes=raw.file_size_bytes,
+        version=raw.version,
+        alignment=raw.alignment,
+        data_offset=raw.data_offset,
+        architecture=arch,
+        name=meta.str_("general.name"),
+        n_params=sum(math.prod(t.shape) for t in tensors),
+        file_type=file_type,
+        quant_mix=dict(Counter(t.ggml_type for t in tensors).most_common()),
+        tensors=tensors,
+        **hparams,
+        chat_template=template or None,
+        license=meta.str_("general.license"),
+        tokenizer_model=meta.str_("tokenizer.ggml.model"),
+        n_vocab=_n_vocab(meta, arch, tensors),
+        bos_token_id=meta.int_("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.int_("tokenizer.ggml.eos_token_id"),
+        metadata=small_meta,
+        head_dim_k_swa=meta.int_(f"{arch}.attention.key_length_swa"),
+        head_dim_v_swa=meta.int_(f"{arch}.attention.value_length_swa"),
+        n_merges=merges.count if isinstance(merges, GGUFArray) else 0,
+    )
+
+
+def _hparams(meta: _Meta, arch: str, path: str) -> dict[str, Any]:
+    """The shape hyper-parameters, GGUFInfo's field names as keys, checked in the loader's order."""
     n_layer = meta.int_(f"{arch}.block_count", required=True) or 0
     if n_layer > 4096:
         raise InvalidGGUF(path, f"key '{arch}.block_count' is implausible ({n_layer})")
@@ -283,8 +322,15 @@ def build_info(raw: RawGGUF, path: str, sizes: list[int], type_names: dict[int, 
     head_dim_k = meta.int_(f"{arch}.attention.key_length", default_dim) or 0
     head_dim_v = meta.int_(f"{arch}.attention.value_length", default_dim) or 0
     window, swa_layers = _swa_layers(meta, arch, n_layer)
+    return {
+        "n_layer": n_layer, "n_head": n_head, "n_head_kv": n_head_kv, "n_embd": n_embd, "n_ff": n_ff,
+        "head_dim_k": head_dim_k, "head_dim_v": head_dim_v, "n_ctx_train": n_ctx_train,
+        "sliding_window": window, "swa_layers": swa_layers,
+    }
 
-    tensors = tuple(
+
+def _tensor_infos(raw: RawGGUF, sizes: list[int], type_names: dict[int, str]) -> tuple[TensorInfo, ...]:
+    return tuple(
         TensorInfo(
             name=t.name,
             ggml_type=type_names[t.ggml_type],
@@ -295,53 +341,11 @@ def build_info(raw: RawGGUF, path: str, sizes: list[int], type_names: dict[int, 
         )
         for t, n in zip(raw.tensors, sizes, strict=True)
     )
-    n_params = 0
-    for t in tensors:
-        n = 1
-        for d in t.shape:
-            n *= d
-        n_params += n
-    ft = meta.int_("general.file_type")
+
+
+def _file_type(ft: int | None) -> str | None:
+    """`general.file_type` as llama.cpp's name for it (e.g. MOSTLY_Q4_1); unknown values kept."""
     try:
-        file_type = LlamaFileType(ft).name if ft is not None else None
+        return LlamaFileType(ft).name if ft is not None else None
     except ValueError:
-        file_type = f"UNKNOWN_{ft}"
-    template = meta.str_("tokenizer.chat_template")
-    small_meta = {
-        k: v
-        for k, v in raw.kv.items()
-        if not isinstance(v, (GGUFArray, SkippedString)) and k != "tokenizer.chat_template"
-    }
-    return GGUFInfo(
-        path=path,
-        file_size_bytes=raw.file_size_bytes,
-        version=raw.version,
-        alignment=raw.alignment,
-        data_offset=raw.data_offset,
-        architecture=arch,
-        name=meta.str_("general.name"),
-        n_params=n_params,
-        file_type=file_type,
-        quant_mix=dict(Counter(t.ggml_type for t in tensors).most_common()),
-        tensors=tensors,
-        n_layer=n_layer,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        n_embd=n_embd,
-        n_ff=n_ff,
-        head_dim_k=head_dim_k,
-        head_dim_v=head_dim_v,
-        n_ctx_train=n_ctx_train,
-        sliding_window=window,
-        swa_layers=swa_layers,
-        chat_template=template or None,
-        license=meta.str_("general.license"),
-        tokenizer_model=meta.str_("tokenizer.ggml.model"),
-        n_vocab=_n_vocab(meta, arch, tensors),
-        bos_token_id=meta.int_("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.int_("tokenizer.ggml.eos_token_id"),
-        metadata=small_meta,
-        head_dim_k_swa=meta.int_(f"{arch}.attention.key_length_swa"),
-        head_dim_v_swa=meta.int_(f"{arch}.attention.value_length_swa"),
-        n_merges=merges.count if isinstance(merges := raw.kv.get("tokenizer.ggml.merges"), GGUFArray) else 0,
-    )
+        return f"UNKNOWN_{ft}"

@@ -1,26 +1,26 @@
-"""Runtime: the only package that imports llama_cpp.
+"""Runtime: the engine over llama.cpp (with edge/tools/, the only code that imports llama_cpp).
 
 Public API::
 
-    from edge.runtime import Engine
-    with Engine("model.gguf", n_ctx=4096, n_slots=4) as engine:
+    from edge.runtime import Engine, EngineConfig
+    with Engine(EngineConfig(Path("model.gguf"), n_ctx=4096, n_slots=4)) as engine:
         print(engine.complete("Hello", max_tokens=32).text)
 
-Submodules that do not need the native library (types, slots, detok, handle,
-chat_template) import nothing from llama_cpp, so `edge.runtime.types` stays cheap.
+(`edge.host.loading.build_engine` builds one from settings: model store, GGUF validation
+and the memory plan live above the runtime.)
+
+Rooms, by concern: `engine/` (the any-thread API, mailbox, engine thread), `step/` (the
+step plan and its executor), `spec/` (speculative decoding), `kv/` (residency and the host
+prompt cache), `embed/` (embeddings), `text/` (detokenizer, chat templates) and `llama/`, the
+one room that imports llama_cpp (it sets the thread-wait policy first). Importing this
+package or `edge.runtime.types` loads no native library and changes no environment.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from edge.runtime.threads import apply_wait_policy
-
-# OpenMP reads its wait policy once, when llama_cpp loads its native libraries; every submodule
-# that imports llama_cpp runs this package's __init__ first, so this is always early enough.
-WAIT_POLICY = apply_wait_policy()
-
-from edge.runtime.types import (  # noqa: E402
+from edge.runtime.types import (
     CompletionResult,
     EngineState,
     EngineStats,
@@ -34,12 +34,14 @@ from edge.runtime.types import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from edge.runtime.engine import Engine
-    from edge.runtime.handle import RequestHandle
+    from edge.runtime.engine.config import EngineConfig
+    from edge.runtime.engine.core import Engine
+    from edge.runtime.engine.handle import RequestHandle
 
 __all__ = [
     "CompletionResult",
     "Engine",
+    "EngineConfig",
     "EngineState",
     "EngineStats",
     "FinishReason",
@@ -53,8 +55,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Engine": "edge.runtime.engine",
-    "RequestHandle": "edge.runtime.handle",
+    "Engine": "edge.runtime.engine.core",
+    "EngineConfig": "edge.runtime.engine.config",
+    "RequestHandle": "edge.runtime.engine.handle",
 }
 
 

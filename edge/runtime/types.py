@@ -9,19 +9,15 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
+# the engine's contract types live in a leaf module; re-exported here for the runtime's users
+from edge.contracts.engine import EngineState, EngineStats, Knobs, Priority
+from edge.contracts.options import MAX_TOP_LOGPROBS  # noqa: F401  (re-exported: the engine checks it)
+
 if TYPE_CHECKING:
-    from edge.planner import MemoryPlan
-    from edge.runtime.chat_template import TemplateInfo
-
-
-class Priority(IntEnum):
-    """Smaller runs first. Interactive chat always goes before background jobs."""
-
-    INTERACTIVE = 0
-    BACKGROUND = 1
+    from edge.runtime.text.chat_template import TemplateInfo
 
 
 class FinishReason(str, Enum):
@@ -30,25 +26,6 @@ class FinishReason(str, Enum):
     CANCELLED = "cancelled"
     ERROR = "error"
 
-
-class EngineState(str, Enum):
-    """Lifecycle of the engine; reported by /ready and /v1/status.
-
-    LOADING -> READY <-> PAUSED; READY/PAUSED -> DRAINING -> STOPPED;
-    any -> FAILED when the model cannot be loaded at start.
-    READY/PAUSED -> UNLOADED when idle (keep-alive or `unload()`): weights and context are
-    freed, only the vocabulary stays (tokenize and render_chat keep working); the next
-    request reloads (LOADING, the request waits) -> READY. A failed reload fails the waiting
-    requests with ModelLoadError and returns to UNLOADED, so a later request retries.
-    """
-
-    LOADING = "loading"
-    READY = "ready"
-    PAUSED = "paused"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-    FAILED = "failed"
-    UNLOADED = "unloaded"
 
 
 @dataclass(frozen=True)
@@ -99,9 +76,6 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-MAX_TOP_LOGPROBS = 20  # as OpenAI
-
-
 @dataclass(frozen=True)
 class TokenLogprob:
     """One generated token's log probability under the model (natural log, raw logits' softmax)."""
@@ -136,56 +110,6 @@ class CompletionResult:
     logprobs: tuple[TokenLogprob, ...] = ()  # when the request asked for them
 
 
-@dataclass(frozen=True)
-class Knobs:
-    """What the scheduler may turn while the engine runs; applied at the next step."""
-
-    active_limit: int  # sequences decoding at once; surplus is parked (KV and output kept)
-    n_threads: int
-    duty: float = 1.0  # fraction of wall time spent stepping with n_threads, (0, 1]
-    paused: bool = False  # no steps at all; KV kept
-    admit_background: bool = True  # start new background sequences
-    # the rest of the duty cycle: 0 idles between steps; k (< n_threads) steps with k threads instead
-    off_threads: int = 0
-    # speculative decoding allowed (the controller turns it off while it cuts load below full:
-    # verifying guesses that fail spends energy on tokens thrown away)
-    speculate: bool = True
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """Snapshot after the last step, for the scheduler and /metrics."""
-
-    state: EngineState
-    step_time_s: float  # wall time of the last step (decode + sampling + bookkeeping)
-    decode_time_s: float  # time inside llama_decode in the last step
-    tokens_decoded: int  # generated tokens in the last step
-    tokens_prefilled: int  # prompt tokens evaluated in the last step
-    active: int  # sequences decoding
-    parked: int  # admitted but held back by the active limit
-    waiting: int  # not yet admitted to a slot
-    waiting_interactive: int
-    kv_cells_used: int
-    kv_cells_total: int
-    n_slots: int
-    knobs: Knobs
-    total_tokens_decoded: int = 0
-    total_tokens_prefilled: int = 0
-    total_steps: int = 0
-    last_progress_s: float = 0.0  # monotonic time of the last finished step (watchdog)
-    interactive_awaiting_first: int = 0  # interactive sequences in a slot that have no token yet
-    embed_batches: int = 0  # embedding batches run (runtime/embed.py), cumulative
-    embed_inputs: int = 0  # inputs embedded, cumulative
-    chat_steps_with_embed: int = 0  # decode steps that also ran an embedding batch (chat delayed)
-    speculative: str = "off"  # the engine's mode: off, ngram, draft
-    spec_drafted: int = 0  # draft tokens verified, cumulative
-    spec_accepted: int = 0  # of those, accepted, cumulative
-    spec_draft_len: float = 0.0  # mean draft length per decoding sequence in the last step
-    flash_attn: bool | None = None  # the context's flash attention (None: llama.cpp's auto)
-    prompt_cache_entries: int = 0  # idle prompt caches held in host memory (hostcache.py)
-    prompt_cache_bytes: int = 0  # their size
-    prompt_cache_restored: int = 0  # restored into a slot instead of evaluated again, cumulative
-    attention: str = ""  # how that was chosen (setting, measured at load or on an earlier start, ...)
 
 
 @dataclass(frozen=True)
@@ -228,7 +152,6 @@ class EngineLike(Protocol):
     model_name: str
     n_ctx: int  # context length per sequence
     n_slots: int
-    plan: MemoryPlan | None  # the memory plan it was sized by (None: built without one)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...  # any thread
 
@@ -237,6 +160,9 @@ class EngineLike(Protocol):
 
     @property
     def chat_template_info(self) -> TemplateInfo | None: ...  # None until the model was loaded
+
+    @property
+    def has_chat_template(self) -> bool: ...  # False for a base model (render_chat falls back)
 
     def submit(  # raises typed errors, never later
         self, request: GenerationRequest, on_start: Callable[[], None] | None = None

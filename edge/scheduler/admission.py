@@ -40,8 +40,8 @@ from enum import Enum
 from typing import Any, Protocol
 
 from edge.clock import Clock, SystemClock
+from edge.contracts.engine import EngineStats, Priority
 from edge.errors import DevicePaused, EdgeError, InvalidRequest, QueueFull, RequestShed
-from edge.runtime.types import EngineStats, Priority
 from edge.scheduler.headroom import LoadState
 from edge.scheduler.memory import check_fits, free_kv_cells
 from edge.scheduler.state import Decision, MemoryMode, QueueState

@@ -69,7 +69,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edge.runtime.types import EngineStats, Knobs
+from edge.contracts.engine import EngineStats, Knobs
 from edge.scheduler.contention import ThreadsVerdict, threads_for_contention
 from edge.scheduler.memory import MemoryVerdict, memory_verdict
 from edge.scheduler.policy import interactive_first
@@ -200,6 +200,17 @@ def admission_flags(th: Thermal, mem: MemoryVerdict, knobs: Knobs, inp: ControlI
     return Admit(interactive, background, cooldown, retry)
 
 
+@dataclass(frozen=True)
+class Verdicts:
+    """What each sensing stage concluded; `heat` is the thermal stage alone, `thermal` after power."""
+
+    heat: Thermal
+    thermal: Thermal
+    power: PowerVerdict
+    memory: MemoryVerdict
+    threads: ThreadsVerdict
+
+
 def decide(
     reading: ControlInput | Any,
     queue: QueueState,
@@ -207,28 +218,45 @@ def decide(
     state: ControllerState,
     cfg: ControllerConfig,
 ) -> tuple[Decision, ControllerState]:
-    """One control decision; pure, deterministic, replayable."""
+    """One control decision; pure, deterministic, replayable: the stages of the module docstring."""
     inp = reading if isinstance(reading, ControlInput) else ControlInput.from_reading(reading)
     fr = frame(inp, stats, state, cfg)
-    th_heat = thermal_verdict(inp, state, cfg, fr)
+    v = verdicts(inp, queue, state, cfg, fr)
+    shaped = shape(v, queue, stats, fr, cfg)
+    admit = admission_flags(v.thermal, v.memory, shaped.knobs, inp, fr, cfg)
+    return compose_decision(v, shaped, admit, inp, fr), next_state(v, inp, state, fr)
+
+
+def verdicts(inp: ControlInput, queue: QueueState, state: ControllerState, cfg: ControllerConfig,
+             fr: Frame) -> Verdicts:
+    """Heat, power (combined into one thermal verdict), memory and CPU contention, each on its own."""
+    heat = thermal_verdict(inp, state, cfg, fr)
     demand = Demand(queue.running_interactive + queue.waiting_interactive,
                     queue.running_background + queue.waiting_background)
     pv = power_verdict(inp, state, cfg, fr.ladder, fr.applied, fr.dt_s, demand)
-    th = combine_power(th_heat, pv, fr)
-    mem = memory_verdict(inp, state, cfg)
-    threads = threads_for_contention(inp, state, cfg)
-    power_binds = th.level > th_heat.level
-    shaped = shape_knobs(th, mem, threads, queue, stats, fr, cfg,
-                         power_cap=pv.cap_load if power_binds else None)
-    if pv.battery_low:
-        shaped = replace(shaped, knobs=battery_hold(shaped.knobs, queue),
-                         reason=f"{shaped.reason}; " if shaped.reason else "",
-                         tags=(*shaped.tags, "battery:reserve"))
-        shaped = replace(shaped, reason=f"{shaped.reason}battery {pv.battery_pct:.0f}% under the "
-                         f"{cfg.battery_reserve_pct:.0f}% reserve: background waits")
-    admit = admission_flags(th, mem, shaped.knobs, inp, fr, cfg)
+    return Verdicts(heat=heat, thermal=combine_power(heat, pv, fr), power=pv,
+                    memory=memory_verdict(inp, state, cfg), threads=threads_for_contention(inp, state, cfg))
 
-    reason, tags = th.reason, list(th.tags)
+
+def shape(v: Verdicts, queue: QueueState, stats: EngineStats | None, fr: Frame,
+          cfg: ControllerConfig) -> Shaped:
+    """The knobs for who is waiting (`shape_knobs`), then held for a battery under its reserve."""
+    power_binds = v.thermal.level > v.heat.level
+    shaped = shape_knobs(v.thermal, v.memory, v.threads, queue, stats, fr, cfg,
+                         power_cap=v.power.cap_load if power_binds else None)
+    if not v.power.battery_low:
+        return shaped
+    lead = f"{shaped.reason}; " if shaped.reason else ""
+    return Shaped(knobs=battery_hold(shaped.knobs, queue),
+                  reason=f"{lead}battery {v.power.battery_pct:.0f}% under the "
+                  f"{cfg.battery_reserve_pct:.0f}% reserve: background waits",
+                  tags=(*shaped.tags, "battery:reserve"))
+
+
+def explain(v: Verdicts, shaped: Shaped) -> tuple[str, tuple[str, ...]]:
+    """The decision's reason and throttle tags: thermal first, then memory, then shaping."""
+    mem = v.memory
+    reason, tags = v.thermal.reason, list(v.thermal.tags)
     if mem.evict:
         tags.append("memory:evict")
     if mem.mode is not MemoryMode.OK:
@@ -237,30 +265,15 @@ def decide(
     if shaped.reason:
         reason = f"{reason}; {shaped.reason}"
     tags.extend(shaped.tags)
+    return reason, tuple(tags)
 
-    now = fr.now_s
-    new_state = ControllerState(
-        mode=th.mode,
-        memory=mem.mode,
-        level=th_heat.level,  # the thermal stage's own level: a power cap is not a thermal one
-        last_change_s=now if th_heat.level != state.level else state.last_change_s,
-        last_t_s=now,
-        integral_c_s=th.integral_c_s,
-        u_sus=min(1.0, max(0.05, th.u_sus)),
-        psi_prev=(inp.psi_some_avg10, inp.psi_full_avg10),
-        mem_short_at_s=mem.short_at_s,
-        mem_prev=None if inp.mem_available_bytes is None else (now, inp.mem_available_bytes),
-        evicted=mem.evict,
-        learned_s=th.learned_s,
-        threads_cap=threads.cap,
-        threads_pending_s=threads.pending_s,
-        power_level=pv.level,
-        power_change_s=now if pv.level != state.power_level else state.power_change_s,
-        power_integral=pv.integral,
-        power_w_per_load=pv.w_per_load,
-        power_idle_w=pv.idle_w,
-    )
-    decision = Decision(
+
+def compose_decision(v: Verdicts, shaped: Shaped, admit: Admit, inp: ControlInput, fr: Frame) -> Decision:
+    """The Decision record the engine, admission and the API read."""
+    th, mem, pv = v.thermal, v.memory, v.power
+    reason, tags = explain(v, shaped)
+    holding = pv.control is PowerControl.LIMITING and pv.level <= v.heat.level
+    return Decision(
         knobs=shaped.knobs,
         mode=th.mode,
         memory=mem.mode,
@@ -270,17 +283,41 @@ def decide(
         evict=mem.evict,
         unload=mem.evict,  # keep-alive unloading is the engine's own
         reason=reason,
-        t_s=now,
+        t_s=fr.now_s,
         budget=th.budget,
         t_lim_c=fr.t_lim_c,
         t_set_c=fr.t_set_c,
         forecast_c=th.forecast_c,
         cooldown_s=admit.cooldown_s,
         background_retry_s=admit.background_retry_s,
-        throttle_reasons=tuple(tags),
-        threads_cap=threads.cap,
+        throttle_reasons=tags,
+        threads_cap=v.threads.cap,
         cpu_other_cores=inp.cpu_other_cores,
-        power=replace(pv.status(), control=PowerControl.HOLDING)
-        if pv.control is PowerControl.LIMITING and pv.level <= th_heat.level else pv.status(),
+        power=replace(pv.status(), control=PowerControl.HOLDING) if holding else pv.status(),
     )
-    return decision, new_state
+
+
+def next_state(v: Verdicts, inp: ControlInput, state: ControllerState, fr: Frame) -> ControllerState:
+    """The history the next decision needs."""
+    th, mem, pv, now = v.thermal, v.memory, v.power, fr.now_s
+    return ControllerState(
+        mode=th.mode,
+        memory=mem.mode,
+        level=v.heat.level,  # the thermal stage's own level: a power cap is not a thermal one
+        last_change_s=now if v.heat.level != state.level else state.last_change_s,
+        last_t_s=now,
+        integral_c_s=th.integral_c_s,
+        u_sus=min(1.0, max(0.05, th.u_sus)),
+        psi_prev=(inp.psi_some_avg10, inp.psi_full_avg10),
+        mem_short_at_s=mem.short_at_s,
+        mem_prev=None if inp.mem_available_bytes is None else (now, inp.mem_available_bytes),
+        evicted=mem.evict,
+        learned_s=th.learned_s,
+        threads_cap=v.threads.cap,
+        threads_pending_s=v.threads.pending_s,
+        power_level=pv.level,
+        power_change_s=now if pv.level != state.power_level else state.power_change_s,
+        power_integral=pv.integral,
+        power_w_per_load=pv.w_per_load,
+        power_idle_w=pv.idle_w,
+    )

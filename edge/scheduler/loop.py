@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from edge.clock import Clock, SystemClock
-from edge.runtime.types import EngineState, EngineStats, Knobs
+from edge.contracts.engine import EngineState, EngineStats, Knobs
 from edge.scheduler.admission import Admission
 from edge.scheduler.controller import decide
 from edge.scheduler.headroom import limits_of

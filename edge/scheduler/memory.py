@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge.contracts.engine import EngineStats
 from edge.errors import InsufficientMemory, KvCacheFull
-from edge.runtime.types import EngineStats
 from edge.scheduler.state import ControlInput, ControllerConfig, ControllerState, MemoryMode
 from edge.telemetry.sample import PressureLevel
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edge.runtime.types import Knobs
+from edge.contracts.engine import Knobs
 
 DUTY_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(19))  # 1.0, 0.95, ... 0.1
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from edge.config import DeviceProfile
-from edge.runtime.types import Knobs
+from edge.contracts.device import DeviceProfile
+from edge.contracts.engine import Knobs
 from edge.telemetry.monitor import MonitorReading, ThermalSensing
 from edge.telemetry.sample import PressureLevel, Sample
 

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from edge.runtime.types import EngineState, EngineStats
+from edge.contracts.engine import EngineState, EngineStats
 from edge.scheduler.policy import (
     Level,
     Rates,

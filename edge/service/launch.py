@@ -94,12 +94,12 @@ def choose_model(
     return ModelChoice(path, name, frozenset({name, path.name, stem, str(path)}))
 
 
-def open_engine(path: Path, settings: Settings) -> EngineLike:
-    """The real engine (validated and memory-planned); `start()` loads it."""
-    from edge.runtime.engine import Engine
+def open_engine(path: Path, settings: Settings) -> tuple[EngineLike, MemoryPlan]:
+    """The real engine (validated and memory-planned; `start()` loads it) and the plan it was
+    sized by, for /v1/status and the scheduler's reload footprint."""
+    from edge.host.loading import build_engine
 
-    engine: EngineLike = Engine.from_settings(str(path), settings)
-    return engine
+    return build_engine(path, settings)
 
 
 def device_profile(settings: Settings) -> DeviceProfile | None:
@@ -116,16 +116,48 @@ def device_profile(settings: Settings) -> DeviceProfile | None:
         return None
 
 
+@dataclass(frozen=True)
+class _Device:
+    """What the scheduler watches: the telemetry source, the clock its decisions run on (time
+    compressed `scale` times under sim:PROFILE@SCALE), the simulated device if any, the profile."""
+
+    source: TelemetrySource
+    clock: Clock
+    scale: float
+    sim: SimulatedSource | None
+    profile: DeviceProfile | None
+
+
+def _device(settings: Settings, engine: EngineLike,
+            source_factory: Callable[[Settings], TelemetrySource] | None,
+            base_clock: Clock | None) -> _Device:
+    from edge.service.telemetry import BuiltSource, source_from_settings
+    from edge.sim.device import SimulatedSource
+
+    if source_factory is not None:
+        built = BuiltSource(source_factory(settings), base_clock)
+    else:
+        built = source_from_settings(settings, clock=base_clock)
+    source = built.source
+    sim = source if isinstance(source, SimulatedSource) else None
+    if sim is not None:
+        sim.load_provider = engine.stats  # the engine's real work heats the simulated device
+    profile = sim.device.profile if settings.profile is None and sim is not None else device_profile(settings)
+    return _Device(source, built.clock, built.time_scale, sim, profile)
+
+
 def build_scheduler(
     settings: Settings,
     engine: EngineLike,
     source_factory: Callable[[Settings], TelemetrySource] | None = None,
     base_clock: Clock | None = None,
+    plan: MemoryPlan | None = None,
 ) -> SchedulerLoop:
     """Telemetry monitor + admission + scheduler loop sized to this engine and device.
 
     The controller's slot and thread ceilings come from the engine (never more than it was
-    built with) and the thermal limit and memory reserve from the device profile.
+    built with), the thermal limit and memory reserve from the device profile, and the model's
+    reload footprint from the memory `plan` the engine was sized by (None: unknown).
 
     With `--telemetry sim:PROFILE[@SCALE]` the simulated device is the device: its
     profile is used unless --profile names another, its heat follows the engine's
@@ -137,53 +169,37 @@ def build_scheduler(
     from edge.scheduler.admission import Admission
     from edge.scheduler.loop import SchedulerLoop
     from edge.scheduler.state import config_for_device
-    from edge.service.telemetry import BuiltSource, source_from_settings
-    from edge.sim.device import SimulatedSource
     from edge.telemetry.monitor import Monitor
 
-    spec = settings.telemetry.strip()
-    if source_factory is not None:
-        got = source_factory(settings)
-        built = BuiltSource(got, base_clock)
-    else:
-        built = source_from_settings(settings, clock=base_clock)
-    source, clock, scale = built.source, built.clock, built.time_scale
-    sim = source if isinstance(source, SimulatedSource) else None
-    if sim is not None:
-        sim.load_provider = engine.stats  # the engine's real work heats the simulated device
-    profile = sim.device.profile if settings.profile is None and sim is not None else device_profile(settings)
+    dev = _device(settings, engine, source_factory, base_clock)
     knobs = engine.stats().knobs
-    plan = engine.plan
     footprint = max(0, plan.total_bytes - plan.reserve_bytes) if plan is not None else 0
-    throughput = _calibration(settings, sim)
+    throughput = _calibration(settings, dev.sim)
     config = config_for_device(
-        engine.n_slots, knobs.n_threads, profile, reserve_bytes=settings.memory_reserve_bytes,
+        engine.n_slots, knobs.n_threads, dev.profile, reserve_bytes=settings.memory_reserve_bytes,
         footprint_bytes=footprint, power_budget_w=settings.power_budget_w,
         battery_reserve_pct=settings.battery_reserve_pct,
         battery_power_budget_w=settings.battery_power_budget_w,
         decode_tps=throughput.decode_table(engine.n_slots, knobs.n_threads) if throughput is not None
         else ())
-    monitor = Monitor(source, clock=clock, profile=profile)
+    monitor = Monitor(dev.source, clock=dev.clock, profile=dev.profile)
     # admission keeps wall time (Retry-After is for clients); the scheduler compares only its own
     # clock's times (`clock`, compressed under sim:PROFILE@SCALE)
     admission = Admission(settings.max_queue, stats_provider=engine.stats, n_slots=engine.n_slots,
                           scheduled=True, clock=base_clock, reserve_bytes=config.reserve_bytes,
-                          wall_s_per_decision_s=1.0 / scale)
+                          wall_s_per_decision_s=1.0 / dev.scale)
     log.info(
         "scheduler: profile %s, limit %.0f C, reserve %d MiB, %d slots, %d threads, telemetry %s%s, "
         "calibration %s",
-        profile.name,
-        config.limit_c,
-        config.reserve_bytes >> 20,
-        config.n_slots,
-        config.max_threads,
-        spec,
-        f" (time x{scale:g})" if scale != 1.0 else "",
+        dev.profile.name if dev.profile is not None else "none", config.limit_c, config.reserve_bytes >> 20,
+        config.n_slots, config.max_threads, settings.telemetry.strip(),
+        f" (time x{dev.scale:g})" if dev.scale != 1.0 else "",
         (throughput.source if throughput is not None else None) or "none",
     )
+    scale = dev.scale
     wait = None if scale == 1.0 else (lambda ev, t_s: ev.wait(t_s / scale))
-    return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, wait=wait,
-                         device_status=sim.status if sim is not None else None)
+    return SchedulerLoop(monitor, engine, clock=dev.clock, config=config, admission=admission, wait=wait,
+                         device_status=dev.sim.status if dev.sim is not None else None)
 
 
 def _calibration(settings: Settings, sim: SimulatedSource | None) -> ThroughputModel | None:
@@ -193,19 +209,6 @@ def _calibration(settings: Settings, sim: SimulatedSource | None) -> ThroughputM
     if settings.calibration:
         return load_throughput(settings.calibration)  # ConfigError (exit 2) names the missing file
     return sim.device.throughput if sim is not None else None
-
-
-def plan_of(engine: EngineLike, path: Path, settings: Settings) -> MemoryPlan | None:
-    """The memory plan for /v1/status: the engine's own if it keeps one, else computed again."""
-    if engine.plan is not None:
-        return engine.plan
-    try:
-        from edge.runtime.loading import plan_for
-
-        return plan_for(path, settings)[1]
-    except Exception as exc:  # status is informative only; never fail the server for it
-        log.warning("memory plan unavailable for /v1/status: %s", exc)
-        return None
 
 
 def start_and_wait(

@@ -62,20 +62,8 @@ def _state_directory(opts: UnitOptions) -> list[str]:
 
 
 def render_unit(opts: UnitOptions) -> str:
-    if not opts.exec_path.is_absolute():
-        raise ConfigError("exec_path", f"ExecStart needs an absolute path, got {opts.exec_path}")
-    if opts.user is not None and (not opts.user or any(c in opts.user for c in " \n=")):
-        raise ConfigError("user", f"invalid user name {opts.user!r}")
-    args = [str(opts.exec_path), "serve"]
-    if opts.model:
-        args.append(opts.model)
-    args += ["--host", opts.host, "--port", str(opts.port), "--models-dir", str(opts.models_dir)]
-    if opts.config_file is not None:
-        args += ["--config", str(opts.config_file)]
-    if opts.api_key_file is not None:
-        args += ["--api-key-file", str(opts.api_key_file)]
-    args += list(opts.extra_args)
-    exec_start = " ".join(_quote(a) for a in args)
+    """The unit file's text: [Unit], a notify service with a watchdog, its hardening, [Install]."""
+    _check(opts)
     # Time systemd waits for the drain: the drain itself plus room for uvicorn's shutdown.
     stop_timeout_s = int(opts.drain_timeout_s) + 15
     lines = [
@@ -87,7 +75,7 @@ def render_unit(opts: UnitOptions) -> str:
         "[Service]",
         "Type=notify",
         "NotifyAccess=main",
-        f"ExecStart={exec_start}",
+        f"ExecStart={_exec_start(opts)}",
         f"WatchdogSec={opts.watchdog_s}",
         "Restart=on-failure",
         "RestartSec=5",
@@ -96,12 +84,40 @@ def render_unit(opts: UnitOptions) -> str:
         "KillSignal=SIGTERM",
         "KillMode=mixed",
         "Environment=PYTHONUNBUFFERED=1",
+        *(["DynamicUser=yes"] if opts.user is None else [f"User={opts.user}", f"Group={opts.user}"]),
+        *_hardening(opts),
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
     ]
-    if opts.user is None:
-        lines.append("DynamicUser=yes")
-    else:
-        lines += [f"User={opts.user}", f"Group={opts.user}"]
-    lines += [
+    return "\n".join(lines)
+
+
+def _check(opts: UnitOptions) -> None:
+    if not opts.exec_path.is_absolute():
+        raise ConfigError("exec_path", f"ExecStart needs an absolute path, got {opts.exec_path}")
+    if opts.user is not None and (not opts.user or any(c in opts.user for c in " \n=")):
+        raise ConfigError("user", f"invalid user name {opts.user!r}")
+
+
+def _exec_start(opts: UnitOptions) -> str:
+    """`edge serve` with the options, quoted for systemd."""
+    args = [str(opts.exec_path), "serve"]
+    if opts.model:
+        args.append(opts.model)
+    args += ["--host", opts.host, "--port", str(opts.port), "--models-dir", str(opts.models_dir)]
+    if opts.config_file is not None:
+        args += ["--config", str(opts.config_file)]
+    if opts.api_key_file is not None:
+        args += ["--api-key-file", str(opts.api_key_file)]
+    args += list(opts.extra_args)
+    return " ".join(_quote(a) for a in args)
+
+
+def _hardening(opts: UnitOptions) -> list[str]:
+    """Sandboxing: read-only system, no home (or read-only when needed), write access to the store."""
+    return [
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         f"ProtectHome={_protect_home(opts)}",
@@ -119,12 +135,7 @@ def render_unit(opts: UnitOptions) -> str:
         "UMask=0077",
         f"ReadWritePaths={_quote(str(opts.models_dir))}",
         *_state_directory(opts),
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "",
     ]
-    return "\n".join(lines)
 
 
 def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:

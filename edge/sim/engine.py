@@ -1,7 +1,7 @@
 """The engine as the harness models it: the engine's own step plan, at measured speed.
 
 Admission to slots, activation (active / parked) and the batch of every step come from
-`edge.runtime.stepplan.plan_step`, the function the real engine thread runs, over a view
+`edge.runtime.step.plan.plan_step`, the function the real engine thread runs, over a view
 of the simulated requests (the simulator caches no prompts, so no prefix is reused).
 Each tick spends `dt * duty * clock` seconds of compute. A batch with prompt chunks runs
 at the measured prefill rate for its tokens; a decode-only batch at the measured aggregate
@@ -16,8 +16,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edge.runtime.speculative import DraftAsk, expected_tokens
-from edge.runtime.stepplan import (
+from edge.contracts.engine import EngineState, EngineStats, Knobs, Priority
+from edge.runtime.spec.rules import DraftAsk, expected_tokens
+from edge.runtime.step.plan import (
     N_BATCH,
     STEP_TOKEN_BUDGET,
     SeqView,
@@ -27,9 +28,10 @@ from edge.runtime.stepplan import (
     StepView,
     WaitView,
     admission_key,
+    draft_room,
     plan_step,
+    waiting_for_plan,
 )
-from edge.runtime.types import EngineState, EngineStats, Knobs, Priority
 from edge.sim.throughput import ThroughputModel
 from edge.sim.workloads import SimRequest
 
@@ -117,10 +119,10 @@ class SimEngine:
         slots = tuple(self._slot_view(i, by_slot.get(i)) for i in range(self.n_slots))
         running = tuple(SeqView(r.seq_id, _key(r), _prompt_left(r)) for r in self.slots)
         n_idle = self.n_slots - len(self.slots) if with_waiting else 0
-        first = sorted(self.waiting, key=_key)[:n_idle] if n_idle else []
+        first = waiting_for_plan(self.waiting, n_idle, _key)  # the engine's rule, as for the engine
         waiting = tuple(WaitView(_key(r), r.prompt_tokens) for r in first)
-        asks = tuple(DraftAsk(r.seq_id, min(self.draft_max, r.gen_tokens - int(r.generated) - 1),
-                              r.accept_rate)
+        asks = tuple(DraftAsk(r.seq_id, draft_room(self.draft_max, self.kv_cells_total, r.kv_cells,
+                                                   r.gen_tokens, int(r.generated)), r.accept_rate)
                      for r in self.slots if self.draft_max and r.accept_rate > 0 and _prompt_left(r) == 0)
         return StepView(self.kv_cells_total, N_BATCH, STEP_TOKEN_BUDGET, slots, running, waiting,
                         draft_asks=asks, step_cost=self._step_cost() if asks else ())

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from edge.clock import ManualClock
-from edge.config import DeviceProfile, load_profile
+from edge.config import load_profile
+from edge.contracts.device import DeviceProfile
+from edge.contracts.engine import Knobs, Priority
 from edge.errors import EdgeError
-from edge.runtime.types import Knobs, Priority
 from edge.scheduler.admission import Admission, Ticket
 from edge.scheduler.loop import SchedulerLoop
 from edge.scheduler.state import ControllerConfig, config_for_device
@@ -130,6 +131,11 @@ def control_loop(source: SimulatedSource, engine: SimEngine, clock: ManualClock,
     return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, logger=SIM_LOG)
 
 
+def _retry_after_s(err: EdgeError) -> float:
+    """When a refused or shed simulated client tries again: the error's own Retry-After, else 10 s."""
+    return err.retry_after_s if err.retry_after_s is not None else 10.0
+
+
 class _Run:
     """State of one simulated run (kept in one object so the step loop stays readable)."""
 
@@ -185,7 +191,7 @@ class _Run:
             ticket = self.admission.admit(req.priority, req.prompt_tokens, req.client.gen_range[1])
         except EdgeError as err:
             self.m.rejected_with_error += 1
-            self._retry(req, t + float(getattr(err, "retry_after_s", 10.0)))
+            self._retry(req, t + _retry_after_s(err))
             return
         ticket.bind(lambda err, r=req: self._shed(r, err))
         self.tickets[req.rid] = ticket
@@ -200,7 +206,7 @@ class _Run:
         self.engine.cancel(req)
         self.tickets.pop(req.rid, None)
         self.m.shed_with_error += 1
-        self._retry(req, self.clock.monotonic() + float(getattr(err, "retry_after_s", 10.0)))
+        self._retry(req, self.clock.monotonic() + _retry_after_s(err))
 
     def _finish(self, req: SimRequest, t: float) -> None:
         ticket = self.tickets.pop(req.rid, None)

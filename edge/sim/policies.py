@@ -12,7 +12,7 @@ manual clock, exactly as `edge serve` wires them.
 
 from __future__ import annotations
 
-from edge.runtime.types import EngineStats, Knobs
+from edge.contracts.engine import EngineStats, Knobs
 from edge.scheduler.state import QueueState
 from edge.telemetry.sample import Sample
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from edge.config import DeviceProfile
+from edge.contracts.device import DeviceProfile
 from edge.sim.device import SimulatedDevice, SimulatedSource
 
 WINDOW_S = 10.0

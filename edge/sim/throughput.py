@@ -1,4 +1,4 @@
-"""Engine speed from measured figures (configs/throughput/*.json, written by edge.runtime.calibrate).
+"""Engine speed from measured figures (configs/throughput/*.json, written by edge.tools.calibrate).
 
 The harness and the simulated device never invent tokens/s: aggregate decode
 speed for (sequences, threads) and prefill speed per thread count come from a
@@ -19,7 +19,7 @@ from edge.errors import ConfigError
 THROUGHPUT_DIR = CONFIGS_DIR / "throughput"
 # The simulated devices are defined against a fixed reference table (see its "note"), so edge sim
 # figures compare across sessions and machines; `--calibration cpu-2core-smollm2` (a live measurement
-# of this machine class) or any file of `python -m edge.runtime.calibrate` runs them on another.
+# of this machine class) or any file of `python -m edge.tools.calibrate` runs them on another.
 DEFAULT_CALIBRATION = "sim-reference-2core-smollm2"
 
 
@@ -134,6 +134,6 @@ def load_throughput(name_or_path: str | Path = DEFAULT_CALIBRATION) -> Throughpu
         path = THROUGHPUT_DIR / f"{name_or_path}.json"
     if not path.is_file():
         raise ConfigError(
-            "throughput", f"no calibration file {path}; run `python -m edge.runtime.calibrate` to measure one"
+            "throughput", f"no calibration file {path}; run `python -m edge.tools.calibrate` to measure one"
         )
     return ThroughputModel.from_json(json.loads(path.read_text()), source=str(path))

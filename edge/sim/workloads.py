@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edge.runtime.types import Priority
+from edge.contracts.engine import Priority
 
 
 @dataclass

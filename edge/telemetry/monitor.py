@@ -26,7 +26,7 @@ from enum import Enum
 from typing import Protocol
 
 from edge.clock import Clock, SystemClock
-from edge.config import DeviceProfile
+from edge.contracts.device import DeviceProfile
 from edge.telemetry.sample import PressureLevel, Sample
 
 

@@ -34,21 +34,95 @@ def _string(literal: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def live_calls(text: str) -> list[LiveCall]:
-    calls: list[LiveCall] = []
+class _Structure:
+    """Where the scan stands outside strings: nesting depth, the current call, and at its top
+    level the last key and what is expected next (key | colon | value | comma)."""
+
+    __slots__ = ("calls", "cur", "depth", "expect", "key")
+
+    def __init__(self) -> None:
+        self.calls: list[LiveCall] = []
+        self.cur = LiveCall()
+        self.depth = 0
+        self.key: str | None = None
+        self.expect = "key"
+
+    def _in_args(self) -> bool:
+        return self.expect == "value" and self.key in ARGUMENT_KEYS
+
+    def string_opens(self, idx: int) -> None:
+        """A string starts at `idx`, at the call's top level."""
+        if self._in_args():
+            self.cur.args_start = idx
+
+    def string_closes(self, literal: str, idx: int) -> None:
+        """A string ends at `idx`, at the call's top level: a key, a name, or the arguments."""
+        if self.expect == "key":
+            self.key, self.expect = _string(literal), "colon"
+        elif self.expect == "value":
+            if self.key == "name":
+                self.cur.name = _string(literal)
+            elif self.key in ARGUMENT_KEYS:
+                self.cur.args_end = idx + 1
+            self.expect = "comma"
+
+    def opens(self, idx: int, ch: str) -> None:
+        if self.depth == 0:
+            if ch == "{":  # a top-level "[" only lists calls: it adds no depth
+                self.cur = LiveCall()
+                self.calls.append(self.cur)
+                self.depth, self.expect, self.key = 1, "key", None
+            return
+        if self.depth == 1 and self._in_args():
+            self.cur.args_start, self.cur.args_object = idx, ch == "{"
+        self.depth += 1
+
+    def closes(self, idx: int) -> None:
+        if self.depth == 0:
+            return
+        self.depth -= 1
+        cur = self.cur
+        if self.depth == 0:
+            cur.closed, cur.end = True, idx + 1
+            if self._in_args() and cur.args_start is not None and cur.args_end is None:
+                cur.args_end = idx  # a primitive value ended by the object's close
+        elif self.depth == 1:
+            if self._in_args():
+                cur.args_end = idx + 1
+            self.expect = "comma"
+
+    def top_level(self, idx: int, ch: str) -> None:
+        """Any other character at the call's top level: a colon, a comma, or a bare value."""
+        cur = self.cur
+        if ch == ":" and self.expect == "colon":
+            self.expect = "value"
+        elif ch == ",":
+            if self._in_args() and cur.args_start is not None and cur.args_end is None:
+                cur.args_end = idx
+            self.expect, self.key = "key", None
+        elif self._in_args() and not ch.isspace() and cur.args_start is None:
+            cur.args_start = idx  # a number, true, false or null: not streamed
+
+
+def _body_start(text: str) -> int | None:
+    """Index after leading space and an optional fence line; None while the fence line is unfinished."""
     i = len(text) - len(text.lstrip())
     if text.startswith("```", i):
         nl = text.find("\n", i)
-        if nl < 0:
-            return calls
-        i = nl + 1
-    depth = 0
+        return None if nl < 0 else nl + 1
+    return i
+
+
+def live_calls(text: str) -> list[LiveCall]:
+    """The calls in `text` so far (see the module docstring). Strings are skipped inline, the
+    bulk of the text; structure goes to `_Structure`."""
+    start = _body_start(text)
+    if start is None:
+        return []
+    st = _Structure()
     in_str = esc = False
     str_start = 0
-    key: str | None = None
-    expect = "key"  # inside a call object, at its top level: key | colon | value | comma
-    cur = LiveCall()
-    for idx in range(i, len(text)):
+    for idx in range(start, len(text)):
         ch = text[idx]
         if in_str:
             if esc:
@@ -57,56 +131,16 @@ def live_calls(text: str) -> list[LiveCall]:
                 esc = True
             elif ch == '"':
                 in_str = False
-                if depth == 1:
-                    literal = text[str_start:idx + 1]
-                    if expect == "key":
-                        key, expect = _string(literal), "colon"
-                    elif expect == "value":
-                        if key == "name":
-                            cur.name = _string(literal)
-                        elif key in ARGUMENT_KEYS:
-                            cur.args_end = idx + 1
-                        expect = "comma"
-            continue
-        if ch == '"':
+                if st.depth == 1:
+                    st.string_closes(text[str_start:idx + 1], idx)
+        elif ch == '"':
             in_str, str_start = True, idx
-            if depth == 1 and expect == "value" and key in ARGUMENT_KEYS:
-                cur.args_start = idx
-            continue
-        if ch in "{[":
-            if depth == 0:
-                if ch == "{":  # a top-level "[" only lists calls: it adds no depth
-                    cur = LiveCall()
-                    calls.append(cur)
-                    depth, expect, key = 1, "key", None
-                continue
-            if depth == 1 and expect == "value" and key in ARGUMENT_KEYS:
-                cur.args_start, cur.args_object = idx, ch == "{"
-            depth += 1
-            continue
-        if ch in "}]":
-            if depth == 0:
-                continue
-            depth -= 1
-            if depth == 0:
-                cur.closed, cur.end = True, idx + 1
-                if expect == "value" and key in ARGUMENT_KEYS and cur.args_start is not None \
-                        and cur.args_end is None:
-                    cur.args_end = idx  # a primitive value ended by the object's close
-            elif depth == 1:
-                if expect == "value" and key in ARGUMENT_KEYS:
-                    cur.args_end = idx + 1
-                expect = "comma"
-            continue
-        if depth != 1:
-            continue
-        if ch == ":" and expect == "colon":
-            expect = "value"
-        elif ch == ",":
-            if expect == "value" and key in ARGUMENT_KEYS and cur.args_start is not None \
-                    and cur.args_end is None:
-                cur.args_end = idx
-            expect, key = "key", None
-        elif expect == "value" and not ch.isspace() and key in ARGUMENT_KEYS and cur.args_start is None:
-            cur.args_start = idx  # a number, true, false or null: not streamed
-    return calls
+            if st.depth == 1:
+                st.string_opens(idx)
+        elif ch in "{[":
+            st.opens(idx, ch)
+        elif ch in "}]":
+            st.closes(idx)
+        elif st.depth == 1:
+            st.top_level(idx, ch)
+    return st.calls

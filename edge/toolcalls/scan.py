@@ -1,7 +1,7 @@
 """Parsing tool calls out of model output, incrementally, as they decode.
 
 The model writes calls in the syntax its chat template taught it (`fmt`, from
-`edge.runtime.chat_template.tool_format`): hermes `<tool_call>{json}</tool_call>`,
+`edge.runtime.text.chat_template.tool_format`): hermes `<tool_call>{json}</tool_call>`,
 llama3 `{"name", "parameters"}` (maybe after `<|python_tag|>`), mistral
 `[TOOL_CALLS] [...]`, or generic bare JSON. llama.cpp's server chat parsers are the
 reference. Small models often drop the tags and write the bare JSON or a ```json block;

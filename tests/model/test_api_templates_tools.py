@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from edge.api.app import create_app
 from edge.config import Settings
-from edge.runtime import Engine
+from edge.runtime import Engine, EngineConfig
+from edge.runtime.text.chat_template import resolve_chat_template
 
 pytestmark = pytest.mark.model
 
@@ -35,7 +36,9 @@ def _client(engine: Engine) -> TestClient:
 @pytest.fixture(scope="module")
 def smol_tools(smollm2_path: Path) -> Iterator[TestClient]:
     """SmolLM2 has plain ChatML without tools; the built-in chatml-tools template adds them."""
-    with Engine(smollm2_path, n_ctx=1024, n_slots=1, n_threads=2, chat_template="chatml-tools") as engine:
+    tools = resolve_chat_template("chatml-tools")
+    config = EngineConfig(smollm2_path, n_ctx=1024, n_slots=1, n_threads=2, chat_template=tools)
+    with Engine(config) as engine:
         yield _client(engine)
 
 
@@ -71,7 +74,7 @@ def test_required_picks_one_of_the_tools_with_valid_arguments(smol_tools: TestCl
 
 
 def test_base_model_fallback_stops_at_its_turn_markers(gemma_path: Path) -> None:
-    with Engine(gemma_path, n_ctx=512, n_slots=1, n_threads=2, n_batch=128) as engine:
+    with Engine(EngineConfig(gemma_path, n_ctx=512, n_slots=1, n_threads=2, n_batch=128)) as engine:
         client = _client(engine)
         card = client.get("/v1/models").json()["data"][0]
         assert card["chat_template"]["source"] == "fallback" and card["chat_template"]["name"] == "plain"

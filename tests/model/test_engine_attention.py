@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from edge.runtime import Engine, attention
+from edge.runtime import Engine, EngineConfig
+from edge.runtime.llama import attention
 
 pytestmark = pytest.mark.model
 
 
 def _engine(path: Path, **kw: object) -> Engine:
-    return Engine(path, n_ctx=1024, n_slots=2, n_threads=2, **kw)  # type: ignore[arg-type]
+    return Engine(EngineConfig(path, n_ctx=1024, n_slots=2, n_threads=2, **kw))  # type: ignore[arg-type]
 
 
 def test_measured_once_then_reused(smollm2_path: Path, tmp_path: Path,

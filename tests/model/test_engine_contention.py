@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from edge.runtime.engine import Engine
+from edge.runtime.engine.config import EngineConfig
+from edge.runtime.engine.core import Engine
 from edge.scheduler.loop import SchedulerLoop
 from edge.scheduler.state import ControllerConfig
 from edge.telemetry.linux import LinuxSource
@@ -39,7 +40,7 @@ def _until(loop: SchedulerLoop, engine: Engine, threads: int, timeout_s: float) 
                     reason="sized for a 2-core box (one neighbour takes one of two cores)")
 def test_a_busy_neighbour_takes_a_decode_thread_and_gives_it_back(smollm2_path: Path) -> None:
     cfg = ControllerConfig(n_slots=2, max_threads=2, limit_c=99.0, contention_down_s=1.0, contention_up_s=2.0)
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2) as engine:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=2)) as engine:
         loop = SchedulerLoop(Monitor(LinuxSource(), period_s=0.5, fast_period_s=0.5), engine, config=cfg)
         neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:

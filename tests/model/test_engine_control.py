@@ -10,7 +10,16 @@ import pytest
 
 from edge.clock import ManualClock
 from edge.errors import ContextOverflow, DecodeFailed, EngineStopped, InvalidRequest
-from edge.runtime import Engine, EngineState, FinishReason, GenerationRequest, Knobs, Priority, SamplingParams
+from edge.runtime import (
+    Engine,
+    EngineConfig,
+    EngineState,
+    FinishReason,
+    GenerationRequest,
+    Knobs,
+    Priority,
+    SamplingParams,
+)
 
 pytestmark = pytest.mark.model
 
@@ -32,7 +41,7 @@ def _until(pred: Callable[[], bool], timeout_s: float = 30.0) -> None:
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path: Path) -> Iterator[Engine]:
-    with Engine(smollm2_path, n_ctx=1024, n_slots=4, n_threads=1) as engine:
+    with Engine(EngineConfig(smollm2_path, n_ctx=1024, n_slots=4, n_threads=1)) as engine:
         yield engine
 
 
@@ -126,7 +135,7 @@ def test_crashed_request_does_not_stop_others(smollm2_path: Path) -> None:
             raise RuntimeError("injected sampler fault")
         return tok
 
-    with Engine(smollm2_path, n_ctx=512, n_slots=3, n_threads=1, sample_hook=hook) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=3, n_threads=1), sample_hook=hook) as eng:
         good1 = eng.submit(_req(COUNT, 8, request_id="good1"))
         bad = eng.submit(_req(COUNT, 8, request_id="bad"))
         good2 = eng.submit(_req("a b c d e f g h", 8, request_id="good2"))
@@ -140,7 +149,7 @@ def test_crashed_request_does_not_stop_others(smollm2_path: Path) -> None:
 
 
 def test_kv_full_fails_only_the_newest_sequence(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=256, n_slots=2, n_threads=1) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=256, n_slots=2, n_threads=1)) as eng:
         assert eng.model is not None
         ban = {t: float("-inf") for t in eng.model.eog_tokens()}
         sp = SamplingParams(temperature=0.0, logit_bias=ban)
@@ -158,7 +167,7 @@ def test_kv_full_fails_only_the_newest_sequence(smollm2_path: Path) -> None:
 
 def test_pause_duty_and_background_admission(smollm2_path: Path) -> None:
     clock = ManualClock()
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2, clock=clock) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=2), clock=clock) as eng:
         eng.apply(Knobs(active_limit=2, n_threads=2, paused=True))
         h = eng.submit(_req(COUNT, 4))
         time.sleep(0.2)
@@ -178,7 +187,7 @@ def test_pause_duty_and_background_admission(smollm2_path: Path) -> None:
 def test_off_duty_threads_alternate_instead_of_idling(smollm2_path: Path) -> None:
     """duty 0.5 with off_threads=1: steps alternate 2 and 1 threads, with no idle sleeps."""
     clock = ManualClock()
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2, clock=clock) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=2), clock=clock) as eng:
         assert eng.complete(COUNT, temperature=0.0, max_tokens=2).text.startswith(" 8")  # context exists
         ctx = eng.residency.ctx
         assert ctx is not None
@@ -203,26 +212,29 @@ def test_off_duty_threads_alternate_instead_of_idling(smollm2_path: Path) -> Non
         assert len(clock.sleeps_s) > sleeps_before
 
 
-def test_from_settings_validates_and_plans(smollm2_path: Path, tmp_path: Path) -> None:
+def test_build_engine_validates_and_plans(smollm2_path: Path, tmp_path: Path) -> None:
     from edge.config import Settings
-    from edge.errors import InsufficientMemory, InvalidGGUF
+    from edge.errors import ConfigError, InsufficientMemory, InvalidGGUF
+    from edge.host.loading import build_engine
 
     settings = Settings(n_ctx=512, slots=2, threads=2, models_dir=tmp_path)
-    eng = Engine.from_settings(smollm2_path, settings)
+    eng, plan = build_engine(smollm2_path, settings)
     assert (eng.n_ctx, eng.n_slots) == (512, 2)
-    assert eng.plan is not None and eng.plan.fits and eng.plan.n_ctx == 512
+    assert plan.fits and plan.n_ctx == 512 and eng.config.n_gpu_layers == plan.n_gpu_layers
     with eng:
         assert eng.complete(COUNT, temperature=0.0, max_tokens=2).text.startswith(" 8")
     with pytest.raises(InsufficientMemory):
-        Engine.from_settings(smollm2_path, settings, available_bytes=lambda: 1 << 20)
+        build_engine(smollm2_path, settings, available_bytes=lambda: 1 << 20)
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 64)
     with pytest.raises(InvalidGGUF):
-        Engine.from_settings(bad, settings)
+        build_engine(bad, settings)
+    with pytest.raises(ConfigError, match="neither a built-in template"):  # before any file is read
+        build_engine(bad, Settings(chat_template="chatml-tool", models_dir=tmp_path))
 
 
 def test_long_prompt_is_chunked_and_does_not_freeze_streams(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=1024, n_slots=2, n_threads=1, step_token_budget=64) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=1024, n_slots=2, n_threads=1, step_token_budget=64)) as eng:
         stream = eng.submit(_req(COUNT, 40))
         assert stream.get(timeout_s=30) is not None
         long_prompt = "The quick brown fox jumps over the lazy dog. " * 40  # ~400 tokens
@@ -260,7 +272,8 @@ def test_stats_count_interactive_prompts_still_waiting_for_their_first_token(smo
 def test_a_prompt_alone_is_not_chunked(smollm2_path: Path) -> None:
     """The step budget bounds how long a prompt stalls running streams; with nothing decoding,
     one batch (n_batch) evaluates the prompt fastest (TTFT of a lone request)."""
-    with Engine(smollm2_path, n_ctx=1024, n_slots=2, n_threads=1, step_token_budget=64, n_batch=512) as eng:
+    config = EngineConfig(smollm2_path, n_ctx=1024, n_slots=2, n_threads=1, step_token_budget=64, n_batch=512)
+    with Engine(config) as eng:
         prompt = [100] * 300
         eng.perf.reset()
         out = eng.complete(prompt, max_tokens=1, temperature=0.0)

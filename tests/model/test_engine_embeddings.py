@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from edge.errors import ContextOverflow, InvalidRequest
-from edge.runtime.engine import Engine
+from edge.runtime.engine.config import EngineConfig
+from edge.runtime.engine.core import Engine
 from edge.runtime.types import GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.model
@@ -26,7 +27,7 @@ def cos(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def test_similar_sentences_score_higher_and_a_batch_equals_one_by_one(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=2)) as eng:
         info = eng.embedding_info()
         assert info["n_embd"] == 576 and info["pooling"] == "mean"  # a causal LM: mean-pooled
         batch = eng.embed(SENTENCES).future.result(timeout=60)
@@ -44,7 +45,7 @@ def test_similar_sentences_score_higher_and_a_batch_equals_one_by_one(smollm2_pa
 
 
 def test_bad_inputs_fail_before_anything_is_queued(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=2)) as eng:
         with pytest.raises(InvalidRequest):
             eng.embed([])
         with pytest.raises(InvalidRequest):
@@ -57,7 +58,7 @@ def test_bad_inputs_fail_before_anything_is_queued(smollm2_path: Path) -> None:
 
 
 def test_an_embedding_burst_delays_chat_one_batch_per_step(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=2)) as eng:
         eng.embed(["warm up"]).future.result(timeout=60)
         before = eng.stats()
         burst = [eng.embed([f"document {i}: " + "text " * 60] * 8) for i in range(4)]  # 32 x ~60 tokens

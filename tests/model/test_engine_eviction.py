@@ -14,7 +14,7 @@ import pytest
 
 from edge.clock import ManualClock
 from edge.errors import EdgeError, RequestShed
-from edge.runtime import Engine, EngineState, GenerationRequest, SamplingParams
+from edge.runtime import Engine, EngineConfig, EngineState, GenerationRequest, SamplingParams
 from edge.runtime.types import FinishReason, Priority
 from edge.scheduler.admission import Admission
 from edge.scheduler.loop import SchedulerLoop
@@ -55,7 +55,7 @@ class Memory:
 
 @pytest.fixture
 def engine(smollm2_path: Path) -> Iterator[Engine]:
-    with Engine(smollm2_path, n_ctx=2048, n_slots=2, n_threads=1) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=2048, n_slots=2, n_threads=1)) as eng:
         yield eng
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.runtime import Engine, FinishReason, GenerationRequest, SamplingParams
+from edge.runtime import Engine, EngineConfig, FinishReason, GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.model
 
@@ -20,7 +20,7 @@ ROBUST = ["1, 2, 3, 4, 5, 6, 7,", "a b c d e f g h", "10, 20, 30, 40, 50,"]
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path: Path) -> Iterator[Engine]:
-    with Engine(smollm2_path, n_ctx=1024, n_slots=4, n_threads=1) as engine:
+    with Engine(EngineConfig(smollm2_path, n_ctx=1024, n_slots=4, n_threads=1)) as engine:
         yield engine
 
 
@@ -114,7 +114,7 @@ def test_grammar_constrains_output(smol: Engine) -> None:
 def test_json_schema_response_format(smol: Engine) -> None:
     import json
 
-    from edge.runtime.sampling import json_schema_to_grammar
+    from edge.runtime.llama.sampling import json_schema_to_grammar
 
     schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
     res = smol.chat(
@@ -128,7 +128,7 @@ def test_json_schema_response_format(smol: Engine) -> None:
 
 
 def test_gemma_base_completion_without_template(gemma_path: Path) -> None:
-    with Engine(gemma_path, n_ctx=512, n_slots=2, n_threads=1, n_batch=128) as g:
+    with Engine(EngineConfig(gemma_path, n_ctx=512, n_slots=2, n_threads=1, n_batch=128)) as g:
         assert not g.has_chat_template
         rendered = g.render_chat([{"role": "user", "content": "Hi"}])
         assert rendered == "<bos>User: Hi\n\nAssistant:"
@@ -143,7 +143,7 @@ def test_gemma_base_completion_without_template(gemma_path: Path) -> None:
 def test_chat_on_a_base_model_stops_at_the_fallback_turn_markers(gemma_path: Path) -> None:
     """edge run / edge chat go through facade.chat: the plain fallback's turn markers end the turn
     there too, so a base model does not write the user's next line itself."""
-    with Engine(gemma_path, n_ctx=512, n_slots=1, n_threads=2, n_batch=128) as g:
+    with Engine(EngineConfig(gemma_path, n_ctx=512, n_slots=1, n_threads=2, n_batch=128)) as g:
         info = g.chat_template_info
         assert info is not None and info.source == "fallback" and info.stop
         out = g.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=64,

@@ -12,7 +12,7 @@ import pytest
 
 from edge.clock import ManualClock
 from edge.errors import InvalidRequest
-from edge.runtime import Engine, EngineState
+from edge.runtime import Engine, EngineConfig, EngineState
 
 pytestmark = pytest.mark.model
 
@@ -27,8 +27,8 @@ def _idle(eng: Engine) -> None:
 @pytest.fixture
 def engine(smollm2_path: Path) -> Iterator[tuple[Engine, ManualClock]]:
     clock = ManualClock()
-    eng = Engine(smollm2_path, n_ctx=512, n_slots=1, n_threads=1, keep_alive_s=None, idle_poll_s=3600,
-                 clock=clock)
+    eng = Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=1, n_threads=1, keep_alive_s=None,
+                              idle_poll_s=3600), clock=clock)
     with eng:
         yield eng, clock
 

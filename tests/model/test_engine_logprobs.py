@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from edge.errors import InvalidRequest
-from edge.runtime.engine import Engine
+from edge.runtime.engine.config import EngineConfig
+from edge.runtime.engine.core import Engine
 from edge.runtime.types import GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.model
@@ -16,7 +17,7 @@ PROMPT = "The capital of France is"
 
 
 def test_greedy_tokens_are_the_most_likely_and_alternatives_are_ordered(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=2)) as eng:
         out = eng.complete(PROMPT, max_tokens=8, temperature=0.0, logprobs=3)
         assert len(out.logprobs) == out.usage.completion_tokens == 8
         assert "".join(t.token for t in out.logprobs) == out.text
@@ -34,7 +35,7 @@ def test_greedy_tokens_are_the_most_likely_and_alternatives_are_ordered(smollm2_
 
 
 def test_sampled_tokens_carry_their_own_logprob_in_every_event(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=2) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=2)) as eng:
         h = eng.submit(GenerationRequest(PROMPT, max_tokens=12, logprobs=2,
                                          sampling=SamplingParams(temperature=1.0, seed=5)))
         events = list(h)

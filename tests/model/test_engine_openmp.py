@@ -1,4 +1,4 @@
-"""The thread-wait policy is decided in one place (edge/runtime/threads.py), before llama_cpp loads."""
+"""The thread-wait policy is decided in one place (edge/runtime/llama/threads.py), before llama_cpp loads."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ pytestmark = pytest.mark.model
 
 PROBE = (
     "import os, sys\n"
-    "import edge.runtime\n"
+    "before = dict(os.environ)\n"
+    "import edge.runtime, edge.runtime.types\n"
     "assert 'llama_cpp' not in sys.modules, 'llama_cpp loaded before the policy was set'\n"
-    "import edge.runtime.engine\n"
+    "assert dict(os.environ) == before, 'importing edge.runtime changed the environment'\n"
+    "import edge.runtime.engine.core\nimport edge.runtime.llama\n"
     "print(os.environ.get('OMP_WAIT_POLICY', '-'), os.environ.get('GOMP_SPINCOUNT', '-'),"
-    " edge.runtime.WAIT_POLICY)\n"
+    " edge.runtime.llama.WAIT_POLICY)\n"
 )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.runtime import Engine
+from edge.runtime import Engine, EngineConfig
 
 pytestmark = pytest.mark.model
 
@@ -23,7 +23,7 @@ def _ask(doc: str) -> str:
 
 
 def test_a_document_comes_back_from_host_memory(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=2048, n_slots=2, n_threads=2, speculative="off") as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=2048, n_slots=2, n_threads=2, speculative="off")) as eng:
         first = eng.complete(_ask(DOC_A), max_tokens=12, temperature=0.0, add_bos=False)
         assert "candle, falcon" in first.text
         b = eng.complete(_ask(DOC_B), max_tokens=12, temperature=0.0, add_bos=False)
@@ -43,8 +43,8 @@ def test_a_document_comes_back_from_host_memory(smollm2_path: Path) -> None:
 
 
 def test_without_host_memory_the_cache_stays_in_its_slot(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=2048, n_slots=2, n_threads=2, speculative="off",
-                prompt_cache_bytes=0) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=2048, n_slots=2, n_threads=2, speculative="off",
+                             prompt_cache_bytes=0)) as eng:
         eng.complete(_ask(DOC_A), max_tokens=12, temperature=0.0, add_bos=False)
         eng.complete(_ask(DOC_B), max_tokens=12, temperature=0.0, add_bos=False)
         assert eng.stats().prompt_cache_entries == 0

@@ -17,8 +17,8 @@ import pytest
 
 from edge.clock import ManualClock
 from edge.errors import EngineStopped, ModelLoadError
-from edge.runtime import Engine, EngineState, FinishReason, GenerationRequest, SamplingParams
-from edge.runtime.model import LlamaModel
+from edge.runtime import Engine, EngineConfig, EngineState, FinishReason, GenerationRequest, SamplingParams
+from edge.runtime.llama.model import LlamaModel
 
 pytestmark = pytest.mark.model
 
@@ -36,12 +36,14 @@ def idle_engine(smollm2_path: Path) -> Iterator[tuple[Engine, ManualClock]]:
     clock = ManualClock()
     # idle_poll_s is huge: only tick() wakes the idle thread, so nothing depends on real time
     eng = Engine(
-        smollm2_path,
-        n_ctx=2048,
-        n_slots=2,
-        n_threads=1,
-        keep_alive_s=KEEP_ALIVE_S,
-        idle_poll_s=3600,
+        EngineConfig(
+            smollm2_path,
+            n_ctx=2048,
+            n_slots=2,
+            n_threads=1,
+            keep_alive_s=KEEP_ALIVE_S,
+            idle_poll_s=3600,
+        ),
         clock=clock,
     )
     with eng:
@@ -124,7 +126,7 @@ def test_failed_reload_fails_requests_with_model_load_error_then_recovers(
 ) -> None:
     path = tmp_path / "smol.gguf"
     shutil.copyfile(smollm2_path, path)
-    with Engine(path, n_ctx=512, n_slots=1, n_threads=1, clock=ManualClock()) as eng:
+    with Engine(EngineConfig(path, n_ctx=512, n_slots=1, n_threads=1), clock=ManualClock()) as eng:
         want = eng.complete(PROMPT, max_tokens=4, temperature=0.0).text
         assert eng.unload()
         path.rename(tmp_path / "moved.gguf")
@@ -139,7 +141,7 @@ def test_failed_reload_fails_requests_with_model_load_error_then_recovers(
 
 
 def test_warm_up_leaves_no_trace_in_the_cache(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=512, n_slots=2, n_threads=1) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=2, n_threads=1)) as eng:
         ctx = eng.residency.ctx
         assert ctx is not None
         assert [ctx.seq_pos_max(s) for s in range(2)] == [-1, -1]
@@ -168,7 +170,7 @@ def test_every_decode_runs_on_the_engine_thread_warm_up_included(
     half speed (58 vs 115 tok/s, SmolLM2, 2 threads). Warm-up and reloads belong to the engine thread."""
     import threading
 
-    from edge.runtime import model as model_mod
+    from edge.runtime.llama import model as model_mod
 
     seen: list[str] = []
     real = model_mod.LlamaContext.warm_up
@@ -178,7 +180,7 @@ def test_every_decode_runs_on_the_engine_thread_warm_up_included(
         real(self, m)
 
     monkeypatch.setattr(model_mod.LlamaContext, "warm_up", spy)
-    with Engine(smollm2_path, n_ctx=512, n_slots=1, n_threads=2) as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=512, n_slots=1, n_threads=2)) as eng:
         assert seen == ["edge-engine"]  # start() returned after the engine thread warmed up
         assert eng.unload()
         assert eng.complete(PROMPT, max_tokens=2, temperature=0.0).usage.completion_tokens == 2

@@ -7,12 +7,13 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from edge.errors import DraftVocabMismatch, InvalidRequest
-from edge.runtime import Engine, GenerationRequest, SamplingParams
+from edge.runtime import Engine, EngineConfig, GenerationRequest, SamplingParams
 from edge.runtime.types import FinishReason
 
 pytestmark = pytest.mark.model
@@ -59,8 +60,8 @@ def pair(smollm2_path: Path) -> Iterator[tuple[Engine, Engine]]:
     # bookkeeping is what this compares. Beyond 512 cells flash attention evaluates a one-query
     # batch split over the KV, and without it the K·Q products of a one-row and an n-row batch
     # sum in another order: near-ties may then go either way (test_without_flash_attention_...)
-    off = Engine(smollm2_path, n_ctx=256, n_slots=1, n_threads=2, speculative="off", flash_attn="on")
-    on = Engine(smollm2_path, n_ctx=256, n_slots=1, n_threads=2, speculative="ngram", flash_attn="on")
+    base = EngineConfig(smollm2_path, n_ctx=256, n_slots=1, n_threads=2, flash_attn="on")
+    off, on = Engine(base), Engine(replace(base, speculative="ngram"))
     with off, on:
         yield off, on
 
@@ -83,8 +84,8 @@ NEAR_TIE_NATS = 0.25  # measured: the verify batch moves a log-probability by up
 def test_without_flash_attention_speculation_changes_only_near_ties(smollm2_path: Path) -> None:
     """Where the summation order differs, a speculative answer may leave the plain one only at a
     token the plain run almost did not choose: its two best candidates within NEAR_TIE_NATS."""
-    off = Engine(smollm2_path, n_ctx=256, n_slots=1, n_threads=2, speculative="off", flash_attn="off")
-    on = Engine(smollm2_path, n_ctx=256, n_slots=1, n_threads=2, speculative="ngram", flash_attn="off")
+    base = EngineConfig(smollm2_path, n_ctx=256, n_slots=1, n_threads=2, flash_attn="off")
+    off, on = Engine(base), Engine(replace(base, speculative="ngram"))
     same = 0
     with off, on:
         for p in PROMPTS:
@@ -132,7 +133,7 @@ def test_seeded_sampling_is_reproducible_with_speculation(pair: tuple[Engine, En
 
 
 def test_hundred_cancels_mid_verify_leave_no_kv_cells(smollm2_path: Path) -> None:
-    with Engine(smollm2_path, n_ctx=2048, n_slots=4, n_threads=2, speculative="ngram") as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=2048, n_slots=4, n_threads=2, speculative="ngram")) as eng:
         handles: dict[str, object] = {}
         rng = random.Random(7)
         cancel_at: dict[str, int] = {}
@@ -146,7 +147,7 @@ def test_hundred_cancels_mid_verify_leave_no_kv_cells(smollm2_path: Path) -> Non
                     handles[req.request_id].cancel()  # type: ignore[attr-defined]
             return tok
 
-        eng._loop.sample_hook = hook
+        eng._loop.delivery.sample_hook = hook
         for i in range(100):
             rid = f"c{i}"
             cancel_at[rid] = rng.randint(2, 20)
@@ -172,7 +173,7 @@ def test_hundred_cancels_mid_verify_leave_no_kv_cells(smollm2_path: Path) -> Non
 
 
 def test_sliding_window_model_refuses_forced_speculation(gemma_path: Path) -> None:
-    with Engine(gemma_path, n_ctx=512, n_slots=1, n_threads=2, speculative="ngram") as eng:
+    with Engine(EngineConfig(gemma_path, n_ctx=512, n_slots=1, n_threads=2, speculative="ngram")) as eng:
         with pytest.raises(InvalidRequest) as exc:
             eng.submit(GenerationRequest("hello", max_tokens=4, speculative=True))
         assert exc.value.param == "speculative" and "sliding-window" in str(exc.value)
@@ -191,8 +192,8 @@ def test_forcing_speculation_on_a_server_with_it_off_is_refused(pair: tuple[Engi
 
 
 def test_draft_model_with_another_vocabulary_is_refused(smollm2_path: Path, gemma_path: Path) -> None:
-    from edge.runtime.draft import check_draft_vocab
-    from edge.runtime.model import LlamaModel
+    from edge.runtime.llama.model import LlamaModel
+    from edge.runtime.spec.config import check_draft_vocab
 
     target = LlamaModel(smollm2_path, vocab_only=True)
     draft = LlamaModel(gemma_path, vocab_only=True)
@@ -213,13 +214,14 @@ def test_serving_with_a_draft_model_of_another_vocabulary_is_refused_at_load(
         smollm2_path: Path, gemma_path: Path) -> None:
     from edge.config import Settings
     from edge.errors import ConfigError
+    from edge.host.loading import build_engine
 
     with pytest.raises(DraftVocabMismatch, match="SPM vocabulary of 262144 tokens"):
-        Engine.from_settings(str(smollm2_path), Settings(speculative="draft", draft_model=str(gemma_path)))
+        build_engine(str(smollm2_path), Settings(speculative="draft", draft_model=str(gemma_path)))
     with pytest.raises(ConfigError, match="draft model"):
-        Engine(smollm2_path, speculative="draft")  # no --draft-model
+        EngineConfig(smollm2_path, speculative="draft")  # no --draft-model
     same = Settings(speculative="draft", draft_model=str(smollm2_path))
-    eng = Engine.from_settings(str(smollm2_path), same)
+    eng, _ = build_engine(str(smollm2_path), same)
     assert eng.residency.spec.draft_model_path == str(smollm2_path)  # the same vocabulary loads
 
 
@@ -227,8 +229,8 @@ def test_serving_with_a_draft_model_of_another_vocabulary_is_refused_at_load(
 def drafted(smollm2_path: Path) -> Iterator[Engine]:
     # SmolLM2 drafting for itself: greedy guesses are the target's own, so nearly all are accepted
     # (flash attention, as `pair`: the same kernels for a one-token step and a verify batch)
-    with Engine(smollm2_path, n_ctx=256, n_slots=2, n_threads=2, speculative="draft",
-                draft_model=smollm2_path, flash_attn="on") as eng:
+    with Engine(EngineConfig(smollm2_path, n_ctx=256, n_slots=2, n_threads=2, speculative="draft",
+                             draft_model=smollm2_path, flash_attn="on")) as eng:
         yield eng
 
 

@@ -17,9 +17,9 @@ import pytest
 from edge.cli import main as edge_main
 from edge.commands.eval import default_text
 from edge.errors import InvalidRequest, ModelLoadError
-from edge.runtime import perplexity as ppl_mod
-from edge.runtime.perplexity import PerplexityResult, check_same_vocab, evaluate, plan_windows
-from edge.runtime.quantize import dequantize_to_f16, quantize
+from edge.tools import perplexity as ppl_mod
+from edge.tools.perplexity import PerplexityResult, check_same_vocab, evaluate, plan_windows
+from edge.tools.quantize import dequantize_to_f16, quantize
 
 pytestmark = pytest.mark.model
 

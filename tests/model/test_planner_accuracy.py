@@ -43,7 +43,7 @@ L.llama_backend_init()
 out["rss_after_import"] = proc.memory_info().rss
 mp = L.llama_model_default_params()
 mp.n_gpu_layers = 0
-from edge.runtime.backend import extra_buffers_default  # the weights' buffers as the engine places them
+from edge.runtime.llama.backend import extra_buffers_default  # the weights' buffers as the engine places them
 mp.use_extra_bufts = extra_buffers_default(L.llama_print_system_info().decode("utf-8", "replace"))
 model = L.llama_model_load_from_file(cfg["path"].encode(), mp)
 assert model, "model load failed"

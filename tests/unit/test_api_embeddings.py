@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
+from edge.api.embeddings import _Claim
+from edge.errors import RequestShed
+from edge.runtime.types import Priority
+from edge.scheduler.admission import Admission
 from tests.fakes import ScriptedEngine, make_app
 
 URL = "/v1/embeddings"
@@ -84,3 +90,48 @@ def test_the_openapi_document_describes_the_embeddings_body(client_engine) -> No
     assert schema["$ref"].endswith("/EmbeddingRequest")
     props = doc["components"]["schemas"]["EmbeddingRequest"]["properties"]
     assert {"model", "input", "encoding_format", "dimensions"} <= set(props)
+
+
+def test_embeddings_share_the_generation_admission_queue_bound_and_retry_after() -> None:
+    """One admission for both kinds of work: a full queue refuses embeddings as it refuses chats
+    (503 + Retry-After, counted with the generation refusals), and an admitted embeddings request
+    holds its place only while it runs."""
+    adm = Admission(max_queue=0, n_slots=1)
+    app, _ = make_app(admission=adm)
+    client = TestClient(app)
+    waiting = adm.admit(Priority.INTERACTIVE, 4, 4)  # a generation holds the only place
+    for url, body in ((URL, {"model": "scripted-model", "input": "x"}),
+                      ("/api/embed", {"model": "scripted-model", "input": "x"}),
+                      ("/api/embeddings", {"model": "scripted-model", "prompt": "x"})):
+        r = client.post(url, json=body)
+        assert r.status_code == 503, (url, r.text)
+        assert int(r.headers["retry-after"]) >= 1
+    assert adm.status()["rejected"] == {"QueueFull": 3}
+    waiting.release()
+    r = client.post(URL, json={"model": "scripted-model", "input": "x"})
+    assert r.status_code == 200 and adm.in_flight == 0  # admitted, then released
+
+
+def test_background_embeddings_meet_the_background_admission_rules() -> None:
+    adm = Admission(max_queue=1, n_slots=1, background_share=0.0)  # background work may not wait
+    app, _ = make_app(admission=adm)
+    client = TestClient(app)
+    adm.admit(Priority.INTERACTIVE, 4, 4)  # waits for the slot: a request beside it would wait too
+    body = {"model": "scripted-model", "input": "x"}
+    assert client.post(URL, json=body).status_code == 200
+    r = client.post(URL, json=body, headers={"X-Edge-Priority": "background"})
+    assert r.status_code == 503 and "retry-after" in r.headers
+    assert client.post(URL, json=body, headers={"X-Edge-Priority": "urgent"}).status_code == 400
+
+
+def test_a_shed_embeddings_request_ends_with_the_shed_error() -> None:
+    """The scheduler sheds admitted work to protect the device; an embeddings job goes with it."""
+    engine = ScriptedEngine()
+    engine.start()
+    adm = Admission(max_queue=4, n_slots=1)
+    claim = _Claim(adm.admit(Priority.BACKGROUND, 0, 0))
+    shed = RequestShed(reason="memory low", retry_after_s=7.0)
+    claim.ticket._shed(shed)  # type: ignore[attr-defined]  # as Admission.update does
+    st = SimpleNamespace(engine=engine)
+    with pytest.raises(RequestShed):
+        asyncio.run(claim.run(st, ["x"], False))  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from edge.runtime.chat_template import TemplateInfo
+from edge.runtime.text.chat_template import TemplateInfo
 from edge.runtime.types import EngineState, GenerationRequest
 from tests.fakes import ScriptedEngine, make_app
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from edge.api import ollama_models
 from edge.api.app import create_app
 from edge.config import Settings
-from edge.runtime.chat_template import TemplateInfo
+from edge.runtime.text.chat_template import TemplateInfo
 from edge.runtime.types import EngineState
 from edge.store import CatalogEntry, ModelStore
 from tests.fakes import ScriptedEngine, make_app

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from edge.runtime.chat_template import TemplateInfo
+from edge.runtime.text.chat_template import TemplateInfo
 from edge.runtime.types import FinishReason, GenerationRequest
 from tests.fakes import AsgiCall, ScriptedEngine, make_app, settle
 

@@ -15,7 +15,7 @@ from edge.api.responses import to_messages
 from edge.api.responses_schemas import parse_responses_request
 from edge.clock import ManualClock
 from edge.errors import EngineStopped, InvalidRequest
-from edge.runtime.chat_template import TemplateInfo
+from edge.runtime.text.chat_template import TemplateInfo
 from edge.runtime.types import GenerationRequest
 from tests.fakes import ScriptedEngine, make_app
 

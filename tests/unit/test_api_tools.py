@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from edge.runtime.chat_template import TemplateInfo
+from edge.runtime.text.chat_template import TemplateInfo
 from edge.runtime.types import GenerationRequest
 from tests.fakes import CHAT, ScriptedEngine, make_app, sse_events
 

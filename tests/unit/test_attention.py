@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.runtime import attention
-from edge.runtime.attention import AttnTiming, choose, fixed_choice, free_choice
+from edge.runtime.llama import attention
+from edge.runtime.llama.attention import AttnTiming, choose, fixed_choice, free_choice
 
 # the 2-core Sapphire Rapids VM of the module docstring, Qwen2.5 0.5B, 384 cells deep
 ON = AttnTiming(True, prompt_token_s=0.00461, step_s=0.0401, verify_s=0.1529)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edge.errors import TemplateError
-from edge.runtime.chat_template import PLAIN_TEMPLATE, ChatTemplate, load_template, strip_leading_bos
+from edge.runtime.text.chat_template import PLAIN_TEMPLATE, ChatTemplate, load_template, strip_leading_bos
 
 CHATML = (
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -13,7 +13,7 @@ import pytest
 from edge.commands import chat, run
 from edge.commands._tools import load_tools, scanner_for
 from edge.errors import InvalidRequest
-from edge.runtime.chat_template import TemplateInfo
+from edge.runtime.text.chat_template import TemplateInfo
 from edge.runtime.types import GenerationRequest, SamplingParams
 from tests.fakes import ScriptedEngine
 

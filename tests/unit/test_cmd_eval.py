@@ -13,7 +13,7 @@ import pytest
 from edge.cli import build_parser
 from edge.commands import eval as eval_cmd
 from edge.errors import InvalidRequest, ModelNotFound
-from edge.runtime.perplexity import PerplexityResult, plan_for_text
+from edge.tools.perplexity import PerplexityResult, plan_for_text
 
 TEXT = " ".join(f"word{i}" for i in range(600))
 

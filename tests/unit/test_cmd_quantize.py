@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edge.cli import main as edge_main
-from edge.runtime.quantize import FTYPES, ftype_of
+from edge.tools.quantize import FTYPES, ftype_of
 from tests.ggufgen import write_tiny_model
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.runtime.detok import StopMatcher, TextStream, Utf8Stream, held_suffix_len
+from edge.runtime.text.detok import StopMatcher, TextStream, Utf8Stream, held_suffix_len
 
 
 def test_utf8_multibyte_split_across_pieces_is_never_broken() -> None:

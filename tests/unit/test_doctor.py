@@ -50,7 +50,7 @@ def aarch64() -> str:
 
 def run_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
     """Run `edge doctor ARGV` through its own parser, without loading llama.cpp."""
-    monkeypatch.setattr("edge.runtime.backend.probe_backends", lambda: FAKE_BACKEND)
+    monkeypatch.setattr("edge.runtime.llama.backend.probe_backends", lambda: FAKE_BACKEND)
     parser = argparse.ArgumentParser(prog="edge")
     doctor.register(parser.add_subparsers())
     args = parser.parse_args(["doctor", *argv])

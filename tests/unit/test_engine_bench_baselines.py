@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edge.runtime import bench
+from edge.tools import bench
 
 LLAMA_BENCH_JSON = json.dumps([
     {"n_prompt": 512, "n_gen": 0, "n_threads": 2, "avg_ts": 247.5},
@@ -47,7 +47,7 @@ def test_llama_bench_figures_are_read_from_its_json(tmp_path: Path) -> None:
 
 def test_children_get_the_environment_the_user_set_not_edges_wait_policy() -> None:
     probe = (
-        "import os, edge.runtime, edge.runtime.threads as t\n"
+        "import os, edge.runtime, edge.runtime.llama.threads as t\n"
         "print(os.environ.get('OMP_WAIT_POLICY'), t.user_env().get('OMP_WAIT_POLICY'))\n"
     )
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.runtime.backend import EXTRA_BUFFERS_ENV, extra_buffers_default
+from edge.runtime.llama.backend import EXTRA_BUFFERS_ENV, extra_buffers_default
 
 AVX2 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |"
 AMX = "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | REPACK = 1 |"

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import threading
 
-from edge.runtime.handle import RequestHandle
+from edge.runtime.engine.handle import RequestHandle
 from edge.runtime.types import FinishReason, TokenEvent, Usage
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.runtime.hostcache import HostCache
+from edge.runtime.kv.hostcache import HostCache
 
 
 def test_entries_within_the_budget_least_recently_used_go_first() -> None:

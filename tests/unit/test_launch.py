@@ -153,6 +153,6 @@ def test_memory_plan_gives_the_controller_the_reload_footprint() -> None:
     engine.start()
     plain = build_scheduler(Settings(telemetry="none"), engine, base_clock=ManualClock())
     assert plain.config.footprint_bytes == 0  # no plan: evictions wait for the release level only
-    engine.plan = SimpleNamespace(total_bytes=900 << 20, reserve_bytes=512 << 20)  # type: ignore[attr-defined]
-    sched = build_scheduler(Settings(telemetry="none"), engine, base_clock=ManualClock())
+    plan = SimpleNamespace(total_bytes=900 << 20, reserve_bytes=512 << 20)
+    sched = build_scheduler(Settings(telemetry="none"), engine, base_clock=ManualClock(), plan=plan)  # type: ignore[arg-type]
     assert sched.config.footprint_bytes == 388 << 20

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edge.errors import InvalidRequest
-from edge.runtime.perplexity import (
+from edge.tools.perplexity import (
     Window,
     chunk_window,
     logits_rows,

@@ -183,7 +183,7 @@ def test_probe_system_survives_a_broken_box_and_missing_backend(tmp_path: Path) 
     fs = fakesys.broken_box(tmp_path)
 
     def no_backend() -> object:
-        raise ImportError("No module named 'edge.runtime.backend'")
+        raise ImportError("No module named 'edge.runtime.llama.backend'")
 
     facts = probe_system(
         tmp_path, profile_override="raspberry-pi-5", system=linux, machine=aarch64,

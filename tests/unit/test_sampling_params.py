@@ -7,8 +7,8 @@ import math
 import pytest
 
 from edge.errors import InvalidRequest
-from edge.runtime.facade import build_request
-from edge.runtime.sampling import json_schema_to_grammar, validate_sampling
+from edge.runtime.engine.facade import build_request
+from edge.runtime.llama.sampling import json_schema_to_grammar, validate_sampling
 from edge.runtime.types import Priority, SamplingParams
 
 N_VOCAB = 1000

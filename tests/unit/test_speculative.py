@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from edge.runtime.speculative import (
+from edge.runtime.spec.rules import (
     MATCH_BUCKETS,
     MIN_RATE,
     PRIOR_RATES,
@@ -284,7 +284,7 @@ class _FakeDraftModel:
 
 
 def test_draft_mode_offers_what_it_could_guess_and_guesses_only_the_planned_lengths() -> None:
-    from edge.runtime.spec_step import Speculation
+    from edge.runtime.spec.state import Speculation
 
     spec = Speculation("draft", 6)
     a = spec.state_for([1, 2, 3], None, None)
@@ -332,14 +332,14 @@ def test_acceptance_is_learnt_per_match_length_and_shared_with_the_next_request(
 
 
 def test_a_guess_not_drafted_is_scored_against_the_tokens_that_follow() -> None:
-    from edge.runtime.spec_step import Speculation
+    from edge.runtime.spec.state import Speculation
 
     spec = Speculation("ngram", 4)
     sp = spec.state_for([5, 6, 7, 8, 5, 6], None, None)
     assert sp is not None
     spec.view([(0, sp, 10)], None)
     assert sp.guess == [7, 8, 5, 6]
-    spec.apply((), {0: sp})  # the plan drafted nothing: the guess is kept as a shadow
+    spec.apply((), {0: sp}, shadows=(0,))  # the plan drafted nothing and scores the guess
     assert sp.draft == [] and sp.shadow == [7, 8, 5, 6]
     for tok in (7, 8, 5, 6):
         sp.commit(tok)

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from edge.clock import ManualClock
-from edge.runtime.handle import RequestHandle
-from edge.runtime.mailbox import Mail, Mailbox
-from edge.runtime.residency import Live
-from edge.runtime.sequence import Sequence
-from edge.runtime.steploop import StepLoop
-from edge.runtime.stepplan import SlotState, admission_key
+from edge.runtime.engine.handle import RequestHandle
+from edge.runtime.engine.mailbox import Mail, Mailbox
+from edge.runtime.kv.residency import Live
+from edge.runtime.step.loop import StepLoop
+from edge.runtime.step.plan import SlotState, admission_key
+from edge.runtime.step.sequence import Sequence
 from edge.runtime.types import EngineState, FinishReason, GenerationRequest, Knobs, Priority
 
 EOS = 2
@@ -358,7 +358,7 @@ class _Ctx(FakeCtx):
 
 
 def test_residency_keep_alive_runs_on_its_own_clock_and_starts_over_after_a_refused_unload() -> None:
-    from edge.runtime.residency import LoadSpec, Residency
+    from edge.runtime.kv.residency import LoadSpec, Residency
 
     clock = ManualClock()
     res = Residency(LoadSpec("m.gguf", 64, 16, 2, "f16"), clock, keep_alive_s=30.0)
@@ -416,7 +416,7 @@ def test_the_mailbox_hands_over_everything_at_once_and_refuses_work_once_drainin
 
 
 def _spec_loop() -> tuple[StepLoop, FakeCtx, FakeBatch]:
-    from edge.runtime.spec_step import Speculation
+    from edge.runtime.spec.state import Speculation
 
     ctx, batch = FakeCtx(), FakeBatch()
     box = Mailbox(Knobs(2, 2))
@@ -469,3 +469,43 @@ def test_knob_off_means_no_drafts() -> None:
     assert not loop.knobs.speculate
     _run(loop)
     assert all(len(rows) == 1 for rows in batch.decoded[1:])  # one token per step
+
+
+def test_a_sliding_window_cache_is_cleared_by_the_plan_not_trimmed() -> None:
+    loop, ctx, batch = _loop(n_slots=1)
+    loop.res.live.model.n_swa = 2  # type: ignore[misc]
+    ctx.seq_pos_min = lambda seq_id: 3  # type: ignore[method-assign]  # the window forgot 0..2
+    _submit(loop, _seq([10, 11, 12, 13, 14], [EOS]))
+    _run(loop)
+    ctx.removed.clear()
+    _submit(loop, _seq([10, 11, 12, 13, 99], [EOS]))
+    _run(loop)
+    assert ctx.removed == [(0, -1, -1)]  # planned with n_keep 0: one full clear, no partial trim
+    assert batch.decoded[-1][0] == (0, 10, 0) and len(batch.decoded[-1]) == 5
+
+
+def test_a_short_admission_is_reported_and_its_prompt_runs_in_the_next_step() -> None:
+    loop, _ctx, batch = _loop(share=True, host_bytes=1 << 20, restore_ok=False)
+    _submit(loop, _seq([1, 2, 3, 10, 11], [EOS]))
+    _run(loop)
+    _submit(loop, _seq([4, 5, 6], [EOS]))
+    _run(loop)
+    n_batches = len(batch.decoded)
+    _submit(loop, _seq([1, 2, 3, 10, 11, 30], [EOS]))
+    loop.iterate(cancels=False)  # admitted with a restore that failed: nothing else to run
+    assert len(loop.outcome.short) == 1 and len(batch.decoded) == n_batches
+    loop.iterate(cancels=False)
+    assert loop.outcome.short == () and len(batch.decoded[-1]) == 6
+
+
+def test_a_refused_batch_is_reported_to_the_next_plan() -> None:
+    loop, _ctx, batch = _loop(n_slots=3, budget=16)
+    a, b = _seq([1, 3], [5, 5, 5, 5]), _seq([1, 4], [6, 6, 6, 6])
+    _submit(loop, a, b)
+    loop.iterate(cancels=False)
+    batch.rc = [1]  # two decoding streams do not fit: the newest fails, the other goes on
+    loop.iterate(cancels=False)
+    assert loop.outcome.decode_rc == 0 and loop.outcome.failed == (b.seq_id,)
+    assert loop.outcome.kv_full
+    loop.iterate(cancels=False)
+    assert loop.outcome == type(loop.outcome)()  # a clean step reports nothing

@@ -3,7 +3,9 @@ embeddings share) as pure functions, without a model."""
 
 from __future__ import annotations
 
-from edge.runtime.stepplan import (
+from dataclasses import replace
+
+from edge.runtime.step.plan import (
     EMBED_SHARE,
     SeqView,
     Slot,
@@ -225,7 +227,7 @@ def test_embeddings_take_at_most_their_share_beside_chat_and_every_step_alone() 
 
 
 def test_plan_gives_decoding_sequences_drafts_only_while_speculation_is_allowed() -> None:
-    from edge.runtime.speculative import DraftAsk
+    from edge.runtime.spec.rules import DraftAsk
 
     cost = tuple((n, 0.010 + 0.0005 * (n - 1)) for n in range(1, 20))  # verifying is cheap
     slots = (SlotView(0, SlotState.DECODE, 0, 10), SlotView(1, SlotState.DECODE, 0, 10))
@@ -317,3 +319,84 @@ def test_choose_slot_does_not_overwrite_a_cached_document_for_the_template_openi
     doc_b = Slot(1, [1, 2, 3, *range(200, 210)], last_used=5)
     third = choose_slot([doc_a, doc_b], [1, 2, 3, *range(500, 540)])
     assert third is not None and (third.seq_id, third.n_reuse) == (1, 3)
+
+
+# --- the plan decides what the loop used to: retries, waiting view, draft room, SWA, stashes ----
+
+
+def test_a_refused_batch_retries_without_drafts_then_prompts_then_fails_the_newest() -> None:
+    from edge.runtime.step.plan import Chunk, plan_kv_retry
+
+    keys = {0: (0, 1), 1: (0, 2), 2: (0, 3)}
+    dec0, dec1, pre2 = Chunk(0, 0, 1, True, True), Chunk(1, 0, 1, True, True), Chunk(2, 0, 8, False, True)
+    first = plan_kv_retry([dec0, dec1, pre2], drafting=[1], keys=keys)
+    assert first.drop_drafts and first.chunks == (dec0, dec1, pre2) and first.victim == -1
+    second = plan_kv_retry([dec0, dec1, pre2], drafting=[], keys=keys)
+    assert not second.drop_drafts and second.chunks == (dec0, dec1) and second.victim == -1
+    third = plan_kv_retry([dec0, dec1], drafting=[], keys=keys)
+    assert third.chunks == (dec0,) and third.victim == 1  # the most recently admitted goes
+    assert plan_kv_retry([pre2], drafting=[], keys=keys).victim == 2  # a lone prompt that cannot fit
+
+
+def test_the_plan_looks_at_no_more_waiting_requests_than_idle_slots() -> None:
+    from edge.runtime.step.plan import waiting_for_plan
+
+    waiting = [(3, "c"), (1, "a"), (2, "b"), (0, "z")]
+    assert waiting_for_plan(waiting, 2, key=lambda e: (e[0], 0)) == [(0, "z"), (1, "a")]
+    assert waiting_for_plan(waiting, 9, key=lambda e: (e[0], 0)) == sorted(waiting)
+    assert waiting_for_plan(waiting, 0, key=lambda e: (e[0], 0)) == []
+
+
+def test_draft_room_is_bounded_by_cap_context_and_max_tokens() -> None:
+    from edge.runtime.step.plan import draft_room
+
+    assert draft_room(16, 4096, 100, 200, 10) == 16
+    assert draft_room(16, 110, 100, 200, 10) == 9  # the pending token and one after the draft
+    assert draft_room(16, 4096, 100, 200, 195) == 4
+    assert draft_room(16, 4096, 100, 200, 199) == 0
+
+
+def test_a_sliding_window_cache_that_forgot_what_the_tail_needs_is_not_reused() -> None:
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    held = SlotView(0, n_cells=8, tokens=[1, 2, 3, 4, 5, 6, 7, 8], pos_min=5)
+    keeps = choose_slot([held], prompt, n_swa=4)
+    assert keeps is not None and keeps.n_reuse == 0  # the tail attends back to 4, which is gone
+    assert choose_slot([held], prompt, n_swa=3) == SlotChoice(0, 8)  # it attends back to 5 only
+    assert choose_slot([held], prompt) == SlotChoice(0, 8)  # no sliding window
+
+
+def test_a_cache_host_memory_cannot_hold_is_not_planned_as_stashed() -> None:
+    big = SlotView(0, n_cells=5, tokens=[1, 2, 3, 10, 11], stashable=False)
+    small = SlotView(1, n_cells=3, tokens=[7, 8, 9])
+    view = StepView(64, 32, 32, (big, small, SlotView(2)), waiting=(WaitView((0, 1), 3, [4, 5, 6]),),
+                    share_prefixes=True, stash=True)
+    plan = plan_step(view, Knobs(3, 2))
+    assert len(plan.admit) == 1
+    a = plan.admit[0]
+    assert 0 not in a.stash and 1 in a.stash  # the big cache stays in its slot, not half-planned
+    assert a.seq_id != 0  # taking its slot would lose it
+
+
+def test_an_admission_that_kept_less_leaves_its_chunk_to_the_next_plan() -> None:
+    view = StepView(64, 32, 32, (SlotView(0, SlotState.DECODE, n_cells=4), SlotView(1)),
+                    running=(SeqView(0, (0, 0), 0),), waiting=(WaitView((0, 1), 5, [1, 2, 3, 4, 5]),))
+    plan = plan_step(view, Knobs(2, 2))
+    assert {c.seq_id for c in plan.chunks} == {0, 1}
+    assert [c.seq_id for c in plan.without([1])] == [0]
+    assert plan.without([]) == plan.chunks
+
+
+def test_no_drafts_right_after_the_kv_cache_refused_a_batch_and_shadows_only_for_free_guesses() -> None:
+    from edge.runtime.spec.rules import DraftAsk
+    from edge.runtime.step.plan import StepOutcome
+
+    slots = (SlotView(0, SlotState.DECODE, n_cells=10), SlotView(1, SlotState.DECODE, n_cells=10))
+    running = (SeqView(0, (0, 0), 0), SeqView(1, (0, 1), 0))
+    asks = (DraftAsk(0, 4, 0.9, free=True), DraftAsk(1, 4, 0.01, free=False))
+    cost = tuple((n, 0.01 + 0.001 * n) for n in range(1, 12))
+    view = StepView(64, 32, 32, slots, running, draft_asks=asks, step_cost=cost)
+    plan = plan_step(view, Knobs(2, 2))
+    assert dict(plan.drafts).get(0, 0) > 0 and 1 not in dict(plan.drafts)
+    assert plan.shadows == ()  # the drafted one is verified; the other's guess is not free
+    full = plan_step(replace(view, last=StepOutcome(decode_rc=1)), Knobs(2, 2))
+    assert full.drafts == () and full.shadows == (0,)  # its free guess is still scored

@@ -13,7 +13,8 @@ from edge.api.tools import JsonArgs
 from edge.cli import main
 from edge.config import load_settings
 from edge.errors import ConfigError
-from edge.runtime.chat_template import (
+from edge.host.loading import template_choice
+from edge.runtime.text.chat_template import (
     NAMED_TEMPLATES,
     PLAIN_TEMPLATE,
     ChatTemplate,
@@ -110,8 +111,9 @@ def test_describe_model_fallback_named_and_file(tmp_path: Path) -> None:
 def test_unknown_name_or_missing_file_is_a_config_error(value: str) -> None:
     with pytest.raises(ConfigError, match="neither a built-in template"):
         resolve_chat_template(value)
+    settings = load_settings(chat_template=value)  # the settings layer cannot check it (runtime's)
     with pytest.raises(ConfigError) as err:
-        load_settings(chat_template=value)
+        template_choice(settings)  # where engines are built, and every command reading settings
     assert err.value.field == "chat_template" and "chatml-tools" in str(err.value)
 
 

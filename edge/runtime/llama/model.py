@@ -1,0 +1,324 @@
+"""Loading a GGUF model into llama.cpp, creating its context, and the vocabulary.
+
+`LlamaModel` owns `llama_model*` (weights and vocabulary; read-only, so
+tokenization may run on any thread) and `LlamaContext` owns `llama_context*`
+(KV cache and compute buffers; used only by the engine thread). Both free their
+native memory exactly once in `close()`.
+
+llama.cpp writes its own log to stderr; it is routed to the `edge.llama` logger
+instead, so `edge` output stays clean unless `--verbose` is given.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp  # edge/runtime/llama/__init__.py has set the thread-wait policy (threads.py) by now
+
+from edge.contracts.options import DEFAULT_N_BATCH, DEFAULT_SLOTS
+from edge.errors import ModelLoadError
+from edge.kvcache import KV_CACHE_TYPES
+from edge.runtime.llama.backend import EXTRA_BUFFERS_ENV, probe_backends
+
+log = logging.getLogger("edge.llama")
+
+KV_TYPES: dict[str, int] = {name: getattr(llama_cpp, f"GGML_TYPE_{name.upper()}") for name in KV_CACHE_TYPES}
+
+# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+
+class _Backend:
+    """llama.cpp's process-wide state: backend init and log routing, done once."""
+
+    lock = threading.Lock()
+    ready = False
+    warned_extra = False
+    last_level = logging.DEBUG
+
+    @staticmethod
+    @llama_cpp.llama_log_callback
+    def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        py_level = _Backend.last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)
+        _Backend.last_level = py_level
+        # llama.cpp is chatty at INFO; only its warnings and errors reach our INFO level
+        if py_level <= logging.INFO:
+            py_level = logging.DEBUG
+        if log.isEnabledFor(py_level):
+            log.log(py_level, "%s", text.decode("utf-8", "replace").rstrip("\n"))
+
+
+def ensure_backend() -> None:
+    with _Backend.lock:
+        if not _Backend.ready:
+            llama_cpp.llama_log_set(_Backend.on_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _Backend.ready = True
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx: int
+    n_batch: int = DEFAULT_N_BATCH
+    n_ubatch: int = DEFAULT_N_BATCH
+    n_seq_max: int = DEFAULT_SLOTS
+    n_threads: int = 4
+    n_threads_batch: int | None = None
+    kv_type: str = "f16"
+    flash_attn: bool | None = None  # None: llama.cpp decides (auto)
+    swa_full: bool = False  # full-size sliding-window cache: memory for simpler prefix reuse
+    # logits rows one batch may request; the engine asks for at most one per sequence, and the
+    # logits buffer is n_outputs_max x n_vocab floats (512 MiB for a 262k vocabulary at 512)
+    n_outputs_max: int | None = None  # None: n_seq_max
+    embeddings: bool = False  # an embeddings context (runtime/embed/): pooled vectors, no logits
+    pooling: int | None = None  # llama_pooling_type for it (None: the model's own)
+
+
+def load_mode_for(use_mmap: bool | None) -> int:
+    """The llama_load_mode for a use_mmap choice (None: llama.cpp's AUTO)."""
+    if use_mmap is None:
+        return int(llama_cpp.LLAMA_LOAD_MODE_AUTO)
+    return int(llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE)
+
+
+def extra_buffers() -> bool:
+    """The installed build's verdict from probe_backends() (logged once when off)."""
+    on = probe_backends().cpu_extra_buffers
+    if not on and not _Backend.warned_extra:
+        _Backend.warned_extra = True
+        log.info("ggml extra CPU buffer types (AMX, repack) off: this build's AMX matmul crashes "
+                 "on prompt batches; set %s=1 to try them", EXTRA_BUFFERS_ENV)
+    return on
+
+
+class LlamaModel:
+    """Weights + vocabulary. Thread-safe for tokenization and piece lookup."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_gpu_layers: int = 0,
+        use_mmap: bool | None = None,
+        vocab_only: bool = False,
+    ) -> None:
+        """`use_mmap`: None lets llama.cpp choose (LLAMA_LOAD_MODE_AUTO), True maps the file
+        (pages shared with the page cache, loaded lazily), False reads it into private memory.
+        llama.cpp >= 0.3.36 replaced the `use_mmap` flag by `load_mode`. `vocab_only` loads just
+        the vocabulary and metadata (a few MiB): tokenization while the weights are unloaded."""
+        ensure_backend()
+        self.path = str(path)
+        self.vocab_only = vocab_only
+        if not os.path.isfile(self.path):
+            raise ModelLoadError(self.path, "no such file")
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.load_mode = load_mode_for(use_mmap)
+        params.vocab_only = vocab_only
+        params.use_extra_bufts = extra_buffers()
+        ptr = llama_cpp.llama_model_load_from_file(self.path.encode(), params)
+        if not ptr:
+            raise ModelLoadError(self.path, "llama.cpp could not load the file (run with -v for its log)")
+        self.ptr: Any = ptr
+        self.vocab: Any = llama_cpp.llama_model_get_vocab(ptr)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(ptr)
+        self.n_swa: int = llama_cpp.llama_model_n_swa(ptr)
+        self.bos_id: int = llama_cpp.llama_vocab_bos(self.vocab)
+        self.eos_id: int = llama_cpp.llama_vocab_eos(self.vocab)
+        self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._lock = threading.Lock()
+        self._closed = False
+        self.bos_text = self.token_text(self.bos_id) if self.bos_id >= 0 else ""
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        """The special-token text (e.g. '<s>') for template variables."""
+        if token < 0:
+            return ""
+        return self.piece(token, special=True).decode("utf-8", "replace")
+
+    def tokenize(self, text: str, add_bos: bool = True, parse_special: bool = True) -> list[int]:
+        if add_bos and self.bos_text and text.startswith(self.bos_text):
+            add_bos = False  # the text (e.g. a rendered chat template) already carries BOS
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_bos, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_bos, parse_special)
+        toks = list(buf[:n])
+        # a template that already wrote BOS text plus add_bos would give two BOS tokens
+        if len(toks) >= 2 and toks[0] == toks[1] == self.bos_id and self.bos_id >= 0:
+            del toks[0]
+        return toks
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """Bytes of one token (cached; control tokens render empty unless `special`)."""
+        if not special:
+            cached = self._pieces.get(token)
+            if cached is not None:
+                return cached
+        with self._lock:
+            buf = self._piece_buf
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            out = buf.raw[:n]
+        if not special:
+            self._pieces[token] = out
+        return out
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        v = self._eog.get(token)
+        if v is None:
+            v = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+            self._eog[token] = v
+        return v
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token id (scans the vocabulary once: used by the benchmark)."""
+        return tuple(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            llama_cpp.llama_model_free(self.ptr)
+
+
+class LlamaContext:
+    """One llama_context (KV cache + compute buffers). Only the engine thread uses it."""
+
+    def __init__(self, model: LlamaModel, cfg: ContextConfig) -> None:
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = cfg.n_ctx
+        p.n_batch = cfg.n_batch
+        p.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
+        p.n_seq_max = cfg.n_seq_max
+        p.n_outputs_max = cfg.n_outputs_max or cfg.n_seq_max
+        p.n_threads = cfg.n_threads
+        p.n_threads_batch = cfg.n_threads_batch or cfg.n_threads
+        p.kv_unified = True
+        p.swa_full = cfg.swa_full
+        p.embeddings = cfg.embeddings
+        if cfg.pooling is not None:
+            p.pooling_type = cfg.pooling
+        p.no_perf = True
+        if cfg.kv_type not in KV_TYPES:
+            known = ", ".join(sorted(KV_TYPES))
+            raise ModelLoadError(model.path, f"unknown kv_type {cfg.kv_type!r}; use one of {known}")
+        p.type_k = KV_TYPES[cfg.kv_type]
+        p.type_v = KV_TYPES[cfg.kv_type]
+        if cfg.flash_attn is not None:
+            on, off = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            p.flash_attn_type = on if cfg.flash_attn else off
+        elif cfg.kv_type != "f16":  # a quantized V cache needs flash attention
+            p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        ptr = llama_cpp.llama_init_from_model(model.ptr, p)
+        if not ptr:
+            why = f"could not create a context (n_ctx={cfg.n_ctx}, kv={cfg.kv_type})"
+            raise ModelLoadError(model.path, why)
+        self.ptr: Any = ptr
+        self.mem: Any = llama_cpp.llama_get_memory(ptr)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(ptr)
+        self.n_ctx_seq: int = llama_cpp.llama_n_ctx_seq(ptr)
+        self.n_batch: int = llama_cpp.llama_n_batch(ptr)
+        self.n_seq_max: int = llama_cpp.llama_n_seq_max(ptr)
+        self._closed = False
+
+    def warm_up(self, model: LlamaModel) -> None:
+        """Decode BOS+EOS once and forget it, as llama.cpp's common init and server do: the
+        first real request then does not pay for first-touch page faults of the weights, the
+        OpenMP thread pool start and one-time backend allocations."""
+        toks = [t for t in (model.bos_id, model.eos_id) if 0 <= t < model.n_vocab] or [0]
+        from edge.runtime.llama.batch import Batch
+
+        batch = Batch(len(toks))
+        try:
+            batch.add_prompt(0, toks, 0, logits_last=True)
+            llama_cpp.llama_set_warmup(self.ptr, True)
+            rc = batch.decode(self.ptr)
+            if rc != 0:
+                log.warning("warm-up decode returned %d", rc)
+        finally:
+            llama_cpp.llama_set_warmup(self.ptr, False)
+            batch.free()
+        llama_cpp.llama_synchronize(self.ptr)
+        self.clear()
+
+    def synchronize(self) -> None:
+        """Wait for the backend to finish this context's work (timings end here)."""
+        llama_cpp.llama_synchronize(self.ptr)
+
+    def set_threads(self, n_threads: int) -> None:
+        llama_cpp.llama_set_n_threads(self.ptr, n_threads, n_threads)
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Let `dst` own `src`'s cells of positions [p0, p1) too (shared, not copied, in a
+        unified cache)."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_state_size(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_state_seq_get_size(self.ptr, seq_id))
+
+    def seq_state(self, seq_id: int) -> bytes:
+        """A copy of one sequence's cells (positions, keys, values): see hostcache.py."""
+        size = self.seq_state_size(seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        return ctypes.string_at(buf, got)
+
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
+        """Write `seq_state` data back as sequence `seq_id` (which must hold no cells); False
+        when llama.cpp could not (no room, another layout)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return int(llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id)) > 0
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id))
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            llama_cpp.llama_free(self.ptr)
