@@ -34,6 +34,7 @@ class FakeCtx:
     restored: list[tuple[int, bytes]] = field(default_factory=list)  # set_seq_state(seq, data)
     restore_ok: bool = True
     state_size: int = 100
+    sized: int = 0  # seq_state_size calls
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         self.removed.append((seq_id, p0, p1))
@@ -43,6 +44,7 @@ class FakeCtx:
         self.shared.append((src, dst, p0, p1))
 
     def seq_state_size(self, seq_id: int) -> int:
+        self.sized += 1
         return self.state_size
 
     def seq_state(self, seq_id: int) -> bytes:
@@ -509,3 +511,14 @@ def test_a_refused_batch_is_reported_to_the_next_plan() -> None:
     assert loop.outcome.kv_full
     loop.iterate(cancels=False)
     assert loop.outcome == type(loop.outcome)()  # a clean step reports nothing
+
+
+def test_an_idle_caches_size_is_asked_of_llama_cpp_once_while_requests_wait() -> None:
+    loop, ctx, _batch = _loop(share=True, host_bytes=1 << 20)
+    _submit(loop, _seq([1, 2, 3, 10, 11], [EOS]))
+    _run(loop)
+    loop.mailbox.set_knobs(Knobs(2, 2, paused=True))
+    _submit(loop, _seq([4, 5, 6], [EOS]))
+    for _ in range(5):  # paused: the request waits, and every step's view looks at slot 0's cache
+        loop.iterate(cancels=False)
+    assert ctx.sized == 1 and loop.waiting

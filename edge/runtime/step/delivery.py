@@ -90,7 +90,7 @@ class Delivery:
         """Hand one sampled token over (`n_kv`: cells the sequence holds before it); False when
         the sequence ended with it."""
         model = live.model
-        seq.sampled(self.clock.monotonic())
+        seq.sampled(self.clock)
         if model.is_eog(tok):
             self.end(seq, FinishReason.STOP)
             return False

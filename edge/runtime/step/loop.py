@@ -83,6 +83,7 @@ class StepLoop:
         self.kv = SlotKV(self.slots, self.host)
         self.delivery = Delivery(self.slots, clock, self.spec, self._end, self._fail, sample_hook)
         self.outcome = StepOutcome()  # what the last step's execution reported (the next plan reads it)
+        self._state_size: dict[int, tuple[tuple[int, int], int]] = {}  # idle caches' sizes, by slot
         self.perf = StepPerf()
         self.stats: EngineStats | None = None  # the published snapshot
         self._threads_now = self.knobs.n_threads
@@ -172,7 +173,17 @@ class StepLoop:
             return slot.view()
         sid, ctx = slot.seq_id, live.ctx
         return slot.view(ctx.seq_pos_min(sid) if live.model.n_swa > 0 else 0,
-                         not stash or ctx.seq_state_size(sid) <= self.host.budget_bytes)
+                         not stash or self._state_bytes(live, slot) <= self.host.budget_bytes)
+
+    def _state_bytes(self, live: Live, slot: Slot) -> int:
+        """An idle slot's cache size in host memory, asked of llama.cpp once per cache: while
+        requests wait, every step's view needs it, and an idle cache does not change."""
+        key = (len(slot.tokens), slot.last_used)
+        held = self._state_size.get(slot.seq_id)
+        if held is None or held[0] != key:
+            held = (key, live.ctx.seq_state_size(slot.seq_id))
+            self._state_size[slot.seq_id] = held
+        return held[1]
 
     def _draft_view(self, live: Live) -> DraftView:
         """What the plan needs to give drafts: each decoding sequence's guess (`draft_room` deep)
@@ -267,11 +278,12 @@ class StepLoop:
         for ch in chunks:
             seq = self.running[ch.seq_id]
             pos = len(self.slots[ch.seq_id].tokens)
-            if ch.decode:
+            if ch.decode and seq.drafting:
                 toks = seq.decode_tokens()
-                seq.at_row(batch.add_tokens(ch.seq_id, toks, pos) if len(toks) > 1
-                           else batch.add_token(ch.seq_id, toks[0], pos))
+                seq.at_row(batch.add_tokens(ch.seq_id, toks, pos))
                 self._batch_tokens += len(toks) - 1
+            elif ch.decode:  # the common row: no list built per token
+                seq.at_row(batch.add_token(ch.seq_id, seq.pending_tok, pos))
             else:
                 p0 = seq.n_done
                 row = batch.add_prompt(ch.seq_id, seq.prompt[p0 : p0 + ch.n], p0, ch.wants_logits)

@@ -26,6 +26,7 @@ from edge.runtime.types import (
 )
 
 if TYPE_CHECKING:
+    from edge.clock import Clock
     from edge.runtime.llama.sampling import Sampler
     from edge.runtime.spec.state import SeqSpec
 
@@ -101,6 +102,11 @@ class Sequence:
         """The batch row whose logits it samples next."""
         self.out_idx = row
 
+    @property
+    def drafting(self) -> bool:
+        """It verifies a draft this step."""
+        return self.spec is not None and bool(self.spec.draft)
+
     def decode_tokens(self) -> list[int]:
         """What it puts into a decode step: its pending token, then any draft to verify."""
         if self.spec is not None and self.spec.draft:
@@ -120,12 +126,13 @@ class Sequence:
         self.n_done += n
         return toks
 
-    def sampled(self, now_s: float) -> None:
-        """One more token was sampled (counted before it is known whether it ends the sequence)."""
+    def sampled(self, clock: Clock) -> None:
+        """One more token was sampled (counted before it is known whether it ends the sequence);
+        the clock is read for the first one only (this runs for every token)."""
         self.n_gen += 1
         self.n_unreported += 1
         if self.t_first_s < 0:
-            self.t_first_s = now_s
+            self.t_first_s = clock.monotonic()
 
     def carry(self, tok: int) -> None:
         """`tok` goes on: it is decoded next step, and the drafter learns it."""
