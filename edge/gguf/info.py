@@ -22,7 +22,7 @@ from typing import Any
 from gguf.constants import LlamaFileType
 
 from edge.errors import InvalidGGUF
-from edge.gguf.reader import KEEP_STRING_BYTES_MAX, GGUFArray, RawGGUF, SkippedString
+from edge.gguf.reader import KEEP_STRING_BYTES_MAX, GGUFArray, RawGGUF, SkippedString, shown
 from edge.kvcache import KV_CACHE_TYPES
 
 # KV cache element types → (block size, bytes per block), as ggml_row_size uses them.
@@ -55,6 +55,8 @@ SWA_PATTERNS: dict[str, tuple[int, bool, int | None]] = {
 }
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+# llama.cpp's LLAMA_MAX_LAYERS: its loader GGML_ASSERTs 0 < block_count <= this, aborting the process
+MAX_LAYERS = 512
 
 
 @dataclass(frozen=True)
@@ -185,18 +187,18 @@ class _Meta:
         self.path = path
 
     def bad(self, key: str, want: str) -> InvalidGGUF:
-        return InvalidGGUF(self.path, f"key '{key}' must be {want}, got {type(self.kv[key]).__name__}")
+        return InvalidGGUF(self.path, f"key '{shown(key)}' must be {want}, got {type(self.kv[key]).__name__}")
 
     def int_(self, key: str, default: int | None = None, *, required: bool = False) -> int | None:
         if key not in self.kv:
             if required:
-                raise InvalidGGUF(self.path, f"missing required key '{key}'")
+                raise InvalidGGUF(self.path, f"missing required key '{shown(key)}'")
             return default
         v = self.kv[key]
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.bad(key, "an integer")
         if v < 0:
-            raise InvalidGGUF(self.path, f"key '{key}' is negative ({v})")
+            raise InvalidGGUF(self.path, f"key '{shown(key)}' is negative ({v})")
         return v
 
     def str_(self, key: str) -> str | None:
@@ -205,7 +207,7 @@ class _Meta:
         v = self.kv[key]
         if isinstance(v, SkippedString):
             raise InvalidGGUF(
-                self.path, f"key '{key}' is {v.n_bytes} bytes, above the {KEEP_STRING_BYTES_MAX} limit"
+                self.path, f"key '{shown(key)}' is {v.n_bytes} bytes, above the {KEEP_STRING_BYTES_MAX} limit"
             )
         if not isinstance(v, str):
             raise self.bad(key, "a string")
@@ -218,10 +220,10 @@ class _Meta:
         v = self.kv[key]
         if isinstance(v, GGUFArray):
             if v.values is None or v.count != n_layer or v.elem_type in ("string", "float32", "float64"):
-                raise InvalidGGUF(self.path, f"key '{key}' must be an integer or {n_layer} integers")
+                raise InvalidGGUF(self.path, f"key '{shown(key)}' must be an integer or {n_layer} integers")
             vals = tuple(int(x) for x in v.values)
             if any(x < 0 for x in vals):
-                raise InvalidGGUF(self.path, f"key '{key}' has a negative entry")
+                raise InvalidGGUF(self.path, f"key '{shown(key)}' has a negative entry")
             return vals[0] if len(set(vals)) == 1 else vals
         return self.int_(key, default) or 0
 
@@ -237,7 +239,7 @@ def _swa_layers(meta: _Meta, arch: str, n_layer: int) -> tuple[int | None, tuple
     pattern = meta.kv.get(pkey)
     if isinstance(pattern, GGUFArray):
         if pattern.values is None or pattern.count != n_layer:
-            raise InvalidGGUF(meta.path, f"key '{pkey}' must hold {n_layer} entries")
+            raise InvalidGGUF(meta.path, f"key '{shown(pkey)}' must hold {n_layer} entries")
         return window, tuple(bool(x) for x in pattern.values)
     if known is None and pattern is None:
         return window, none  # architecture without SWA support in llama.cpp: all layers full
@@ -305,11 +307,22 @@ def build_info(raw: RawGGUF, path: str, sizes: list[int], type_names: dict[int, 
     )
 
 
+def _check_epsilons(meta: _Meta, arch: str) -> None:
+    """Norm epsilons must be finite and >= 0: ggml GGML_ASSERTs eps >= 0 (a NaN fails it too) at the
+    first decode, which kills the process long after the model loaded."""
+    for key, v in meta.kv.items():
+        if key.startswith(f"{arch}.") and key.endswith("epsilon") and (
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+        ):
+            raise InvalidGGUF(meta.path, f"key '{shown(key)}' must be a finite number >= 0, not {v!r:.40}")
+
+
 def _hparams(meta: _Meta, arch: str, path: str) -> dict[str, Any]:
     """The shape hyper-parameters, GGUFInfo's field names as keys, checked in the loader's order."""
     n_layer = meta.int_(f"{arch}.block_count", required=True) or 0
-    if n_layer > 4096:
-        raise InvalidGGUF(path, f"key '{arch}.block_count' is implausible ({n_layer})")
+    if not 1 <= n_layer <= MAX_LAYERS:
+        raise InvalidGGUF(path, f"key '{shown(arch)}.block_count' is {n_layer}, outside 1..{MAX_LAYERS}")
+    _check_epsilons(meta, arch)
     n_embd = meta.int_(f"{arch}.embedding_length", required=True) or 0
     n_ctx_train = meta.int_(f"{arch}.context_length", required=True) or 0
     head = meta.int_or_layers(f"{arch}.attention.head_count", n_layer, 0)

@@ -4,7 +4,11 @@ Why our own parser: `gguf.GGUFReader` trusts lengths from the file (a hostile
 string length or array count makes it allocate or spin), and it is slow on large
 vocabularies (tens of seconds for a 262k-token vocabulary). This parser reads
 only the header, the key/value section and the tensor infos through a read-only
-mmap, never tensor data, and raises `InvalidGGUF` naming the first problem.
+mmap, never tensor data, and raises `InvalidGGUF` naming the first problem on one
+line (names from the file are quoted through `shown`: escaped and cut short).
+Found by fuzzing (tests/gguf_fuzz.py): a lying key length must not make us copy
+the rest of the file, and a repeated vocabulary token, which llama.cpp's loader
+GGML_ASSERTs on (killing the process), is refused here.
 
 Layout (little-endian), per the GGUF spec and ggml/src/gguf.cpp:
   magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
@@ -27,7 +31,10 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_STRING_BYTES = 1 << 30  # llama.cpp's GGUF_MAX_STRING_LENGTH
 MAX_ARRAY_ELEMENTS = 1 << 30  # llama.cpp's GGUF_MAX_ARRAY_ELEMENTS
-MAX_TENSOR_NAME_CHARS = 63  # GGML_MAX_NAME (64) including the NUL
+MAX_TENSOR_NAME_BYTES = 63  # GGML_MAX_NAME (64) including the NUL; llama.cpp counts bytes
+MAX_KEY_BYTES = 1 << 16  # real keys are tens of bytes; a lying length must not make us copy the file
+UNIQUE_STRINGS_KEY = "tokenizer.ggml.tokens"  # llama.cpp aborts on a repeated token
+SHOWN_CHARS_MAX = 80  # a name from the file is cut here in a reason
 MAX_DIMS = 4  # GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
 KEEP_ARRAY_VALUES_MAX = 4096  # larger arrays (vocabularies) are skipped, only counted
@@ -98,6 +105,15 @@ class RawGGUF:
     file_size_bytes: int
 
 
+def shown(name: str) -> str:
+    """A key or tensor name from the file as a reason quotes it: unprintable characters escaped and
+    cut at SHOWN_CHARS_MAX, so a reason stays one short line (a name may be any bytes, any size)."""
+    cut = name[:SHOWN_CHARS_MAX]
+    if not cut.isprintable():
+        cut = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return cut + "…" if len(name) > SHOWN_CHARS_MAX else cut
+
+
 class _Cursor:
     """Bounded little-endian reader over a buffer; raises InvalidGGUF instead of overrunning."""
 
@@ -141,8 +157,12 @@ class _Cursor:
             )
         return n
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, max_bytes: int = MAX_STRING_BYTES) -> str:
+        """A key or name: at most `max_bytes`, checked before anything is copied."""
+        start = self.pos
         n = self.string_len(what)
+        if n > max_bytes:
+            raise self.fail(f"{what} is {n} bytes, above the {max_bytes}-byte limit", start)
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="replace")
@@ -158,7 +178,9 @@ class _Cursor:
         return raw.decode("utf-8", errors="replace")
 
 
-def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
+def _read_value(cur: _Cursor, vtype: int, key: str, *, unique: bool = False) -> Any:
+    """The value of type `vtype` at the cursor; `key` is the key as reasons show it, `unique`
+    asks an array of strings to hold no repeats."""
     scalar = _SCALARS.get(vtype)
     if scalar is not None:
         _, fmt, size = scalar
@@ -169,11 +191,12 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
     if vtype == T_STRING:
         return cur.string_value(f"string value of key '{key}'")
     if vtype == T_ARRAY:
-        return _read_array(cur, key)
+        return _read_array(cur, key, unique=unique)
     raise cur.fail(f"key '{key}' has unknown value type {vtype}", cur.pos - 4)
 
 
-def _read_array(cur: _Cursor, key: str) -> GGUFArray:
+def _read_array(cur: _Cursor, key: str, *, unique: bool = False) -> GGUFArray:
+    """An array value; `unique`: its strings must differ (the vocabulary), checked on the raw bytes."""
     type_pos = cur.pos
     etype = cur.u32(f"array element type of key '{key}'")
     if etype == T_ARRAY:
@@ -193,10 +216,14 @@ def _read_array(cur: _Cursor, key: str) -> GGUFArray:
         )
     keep = count <= KEEP_ARRAY_VALUES_MAX
     if etype == T_STRING:
+        start = cur.pos
+        _skip_strings(cur, count, key)
+        if unique:
+            _check_unique_strings(cur, start, count, key)
         if keep:
+            cur.pos = start
             vals = tuple(cur.string_value(f"element {i} of array '{key}'") for i in range(count))
             return GGUFArray("string", count, vals)
-        _skip_strings(cur, count, key)
         return GGUFArray("string", count, None)
     name, fmt, size = _SCALARS[etype]
     values: tuple[Any, ...] | None = None
@@ -223,6 +250,25 @@ def _skip_strings(cur: _Cursor, count: int, key: str) -> None:
             )
         pos += n
     cur.pos = pos
+
+
+def _check_unique_strings(cur: _Cursor, start: int, count: int, key: str) -> None:
+    """No token of the (already walked) array at `start` repeats as llama.cpp reads it: up to its
+    first NUL (a C string), an empty one renamed "[EMPTY_i]". Its loader GGML_ASSERTs, killing the
+    process, on a repeat. A set of raw bytes: ~70 ms for a 262k-token vocabulary."""
+    buf, unpack = cur.buf, _U64.unpack_from
+    seen: set[bytes] = set()
+    add, pos = seen.add, start
+    for i in range(count):
+        (n,) = unpack(buf, pos)
+        text = buf[pos + 8 : pos + 8 + n]
+        if 0 in text:
+            text = text[: text.index(0)]
+        if text in seen:
+            raise cur.fail(f"element {i} of array '{key}' repeats an earlier entry {text!r:.60}", pos)
+        if text:
+            add(text)
+        pos += 8 + n
 
 
 def _read_header(cur: _Cursor) -> tuple[int, int, int]:
@@ -260,13 +306,14 @@ def _read_kvs(cur: _Cursor, n_kv: int) -> tuple[dict[str, Any], dict[str, str]]:
     kv_types: dict[str, str] = {}
     for i in range(n_kv):
         key_pos = cur.pos
-        key = cur.string(f"key {i}")
+        key = cur.string(f"key {i}", MAX_KEY_BYTES)
         if not key:
             raise cur.fail(f"key {i} is empty", key_pos)
+        label = shown(key)  # the key as reasons quote it
         if key in kv:
-            raise cur.fail(f"duplicate key '{key}'", key_pos)
-        vtype = cur.u32(f"value type of key '{key}'")
-        kv[key] = _read_value(cur, vtype, key)
+            raise cur.fail(f"duplicate key '{label}'", key_pos)
+        vtype = cur.u32(f"value type of key '{label}'")
+        kv[key] = _read_value(cur, vtype, label, unique=key == UNIQUE_STRINGS_KEY)
         kv_types[key] = TYPE_NAMES.get(vtype, str(vtype))
     return kv, kv_types
 
@@ -289,41 +336,38 @@ def _read_tensor_infos(
     seen: set[str] = set()
     for i in range(n_tensors):
         info_pos = cur.pos
-        name = cur.string(f"name of tensor {i}")
-        if len(name) > MAX_TENSOR_NAME_CHARS:
-            raise cur.fail(
-                f"tensor {i} name is {len(name)} characters, above {MAX_TENSOR_NAME_CHARS}", info_pos
-            )
+        name = cur.string(f"name of tensor {i}", MAX_TENSOR_NAME_BYTES)
+        label = shown(name)
         if name in seen:
-            raise cur.fail(f"duplicate tensor name '{name}'", info_pos)
+            raise cur.fail(f"duplicate tensor name '{label}'", info_pos)
         seen.add(name)
         dims_pos = cur.pos
-        n_dims = cur.u32(f"n_dims of tensor '{name}'")
+        n_dims = cur.u32(f"n_dims of tensor '{label}'")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise cur.fail(f"tensor '{name}' has n_dims {n_dims}, outside 1..{MAX_DIMS}", dims_pos)
+            raise cur.fail(f"tensor '{label}' has n_dims {n_dims}, outside 1..{MAX_DIMS}", dims_pos)
         shape: list[int] = []
         n_elems = 1
         for d in range(n_dims):
-            dim = cur.u64(f"dimension {d} of tensor '{name}'")
+            dim = cur.u64(f"dimension {d} of tensor '{label}'")
             if dim == 0:
-                raise cur.fail(f"tensor '{name}' has a zero-sized dimension {d}", cur.pos - 8)
+                raise cur.fail(f"tensor '{label}' has a zero-sized dimension {d}", cur.pos - 8)
             if dim > INT64_MAX or n_elems > INT64_MAX // dim:
-                raise cur.fail(f"tensor '{name}' shape overflows 64-bit element counts", cur.pos - 8)
+                raise cur.fail(f"tensor '{label}' shape overflows 64-bit element counts", cur.pos - 8)
             n_elems *= dim
             shape.append(dim)
         type_pos = cur.pos
-        gtype = cur.u32(f"type of tensor '{name}'")
+        gtype = cur.u32(f"type of tensor '{label}'")
         known = known_types.get(gtype)
         if known is None:
-            raise cur.fail(f"tensor '{name}' has unknown ggml type {gtype}", type_pos)
+            raise cur.fail(f"tensor '{label}' has unknown ggml type {gtype}", type_pos)
         type_name, block_size, _ = known
         if shape[0] % block_size:
             raise cur.fail(
-                f"tensor '{name}' row of {shape[0]} elements is not a multiple of the "
+                f"tensor '{label}' row of {shape[0]} elements is not a multiple of the "
                 f"{type_name} block size {block_size}",
                 type_pos,
             )
-        offset = cur.u64(f"data offset of tensor '{name}'")
+        offset = cur.u64(f"data offset of tensor '{label}'")
         tensors.append(RawTensor(name, tuple(shape), gtype, offset, info_pos))
     return tensors
 

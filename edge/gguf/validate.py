@@ -1,10 +1,12 @@
 """Validate a GGUF file before llama.cpp ever opens it.
 
 llama.cpp checks most of the header itself, but a crafted file has crashed it
-before (out-of-bounds reads, huge allocations), and its errors go to a C log,
-not to the caller. Here every problem becomes `InvalidGGUF(path, reason, offset)`
-with a one-line reason. Only the header and tensor infos are read (through a
-read-only mmap), so a 250 MB model validates in milliseconds.
+before (out-of-bounds reads, huge allocations), some values it accepts abort it
+later (a repeated token, block_count 0, a NaN norm epsilon at the first decode),
+and its errors go to a C log, not to the caller. Here every problem becomes
+`InvalidGGUF(path, reason, offset)` with a one-line reason. Only the header and
+tensor infos are read (through a read-only mmap), so a 250 MB model validates in
+milliseconds (~0.15 s with a 262k-token vocabulary, whose tokens must be unique).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edge.errors import InvalidGGUF, ModelNotFound
 from edge.gguf.info import GGUFInfo, build_info
-from edge.gguf.reader import RawGGUF, RawTensor, parse_gguf
+from edge.gguf.reader import RawGGUF, RawTensor, parse_gguf, shown
 
 # ggml type id → (name, block size, bytes per block), from the gguf package.
 KNOWN_TYPES: dict[int, tuple[str, int, int]] = {
@@ -49,14 +51,14 @@ def _check_layout(raw: RawGGUF, path: str) -> list[int]:
         if t.offset % raw.alignment:
             raise InvalidGGUF(
                 path,
-                f"tensor '{t.name}' data offset {t.offset} is not aligned to {raw.alignment}",
+                f"tensor '{shown(t.name)}' data offset {t.offset} is not aligned to {raw.alignment}",
                 t.info_pos,
             )
         end = raw.data_offset + t.offset + n_bytes
         if end > raw.file_size_bytes:
             raise InvalidGGUF(
                 path,
-                f"tensor '{t.name}' data ends at byte {end}, past the end of the file "
+                f"tensor '{shown(t.name)}' data ends at byte {end}, past the end of the file "
                 f"({raw.file_size_bytes} bytes): truncated or corrupt",
                 t.info_pos,
             )
@@ -64,14 +66,16 @@ def _check_layout(raw: RawGGUF, path: str) -> list[int]:
     prev: tuple[RawTensor, int] | None = None
     for t, n_bytes in by_offset:
         if prev is not None and prev[0].offset + prev[1] > t.offset:
-            raise InvalidGGUF(path, f"tensor '{t.name}' data overlaps tensor '{prev[0].name}'", t.info_pos)
+            raise InvalidGGUF(
+                path, f"tensor '{shown(t.name)}' data overlaps tensor '{shown(prev[0].name)}'", t.info_pos
+            )
         prev = (t, n_bytes)
     expected = 0
     for t, n_bytes in zip(raw.tensors, sizes, strict=True):
         if t.offset != expected:
             raise InvalidGGUF(
                 path,
-                f"tensor '{t.name}' data offset {t.offset} leaves a gap (expected {expected}); "
+                f"tensor '{shown(t.name)}' data offset {t.offset} leaves a gap (expected {expected}); "
                 "llama.cpp requires tensors packed in order",
                 t.info_pos,
             )

@@ -155,7 +155,7 @@ CASES: list[tuple[str, Callable[[Path], Path], str]] = [
     ("zero-dim", _raw(_tensor(1, shape=(32, 0))), "zero-sized dimension 1"),
     ("shape-overflow", _raw(_tensor(0, shape=(1 << 40, 1 << 40))), "overflows"),
     ("row-not-block-multiple", _raw(_tensor(0, ggml_type=Q8_0, shape=(33, 2))), "not a multiple"),
-    ("tensor-name-too-long", _raw(_tensor(0, name="x" * 64)), "above 63"),
+    ("tensor-name-too-long", _raw(_tensor(0, name="x" * 64)), "is 64 bytes, above the 63-byte limit"),
     ("duplicate-tensor-name", _raw(_tensor(1, name="blk.0.t0")), "duplicate tensor name 'blk.0.t0'"),
     ("offset-past-end", _raw(_tensor(1, offset=1 << 30)), "past the end of the file"),
     ("misaligned-offset", _raw(_tensor(1, offset=260)), "not aligned to 32"),
