@@ -9,6 +9,7 @@ the same way, and it never imports the engine it measures.
 - `stats.py`     percentiles, per-step figures and the knee
 - `targets.py`   which server to measure: a URL, or one this process starts and stops
 - `runner.py`    the whole run: targets x ladder, status timeline, the JSON document
+- `sweep.py`, `recommend.py`  --slots-sweep: one ladder per started --slots, the recommended setting
 - `table.py`     the terminal table
 - `plots.py`, `report.py`  PNG plots and report.md for `edge report`
 """

@@ -3,6 +3,8 @@
 - throughput.png: requests/s and output tokens/s vs concurrency, one line per target, knee marked
 - latency.png:    TTFT, TPOT and end-to-end latency P50/P90/P99 vs concurrency
 - power.png:      power against the budget, and tokens per joule (edge targets with a power reading);
+- sweep.png:      a slots sweep: output tokens/s and P90 TTFT vs concurrency, one curve per --slots,
+                  the target line, each curve's knee and the recommended point
 - thermal.png:    temperature and the scheduler's budget (throttle level) over time, steps shaded;
                   only when the run sampled an edge target's /v1/status
 """
@@ -92,6 +94,41 @@ def latency(doc: dict[str, Any], path: Path) -> Path:
         shown = [h for h in handles if not (key == "tpot_s" and h.get_label() == "P99")]
         ax.legend(handles=shown, fontsize=8)
     fig.suptitle(f"Latency percentiles vs concurrency, successful requests ({_subtitle(doc)})")
+    return _save(fig, path)
+
+
+def sweep(doc: dict[str, Any], path: Path) -> Path:
+    """The slots sweep: one curve per setting, the target on the latency panel, the pick starred."""
+    sw = doc["sweep"]
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    ax_t, ax_l = fig.subplots(1, 2)
+    target, rec = sw["target_p90_ttft_ms"], sw["recommendation"]
+    for slots, color in zip(sw["slots"], COLORS * 4, strict=False):
+        pts = sorted((p for p in sw["points"] if p["slots"] == slots), key=lambda p: p["concurrency"])
+        cs = [p["concurrency"] for p in pts]
+        ax_t.plot(cs, [p["output_tokens_per_s"] for p in pts], "o-", color=color, label=f"--slots {slots}")
+        ax_l.plot(cs, [float("nan") if p["p90_ttft_ms"] is None else p["p90_ttft_ms"] for p in pts], "o-",
+                  color=color, label=f"--slots {slots}")
+        knee = sw["knee"].get(str(slots))
+        if knee is not None:
+            for ax in (ax_t, ax_l):
+                ax.axvline(knee, color=color, linestyle=":", alpha=0.8)
+    ax_l.axhline(target, color="black", linestyle="--", alpha=0.7, label=f"target {target:g} ms")
+    if rec is not None:
+        name = f"{rec['flags']}" + ("" if rec["met_target"] else " (misses the target)")
+        ax_t.plot([rec["concurrency"]], [rec["output_tokens_per_s"]], "*", color="black", markersize=15,
+                  label=name)
+        ax_l.plot([rec["concurrency"]], [rec["p90_ttft_ms"]], "*", color="black", markersize=15, label=name)
+    ax_t.set_ylabel("output tokens / s")
+    ax_t.set_title("Output tokens per second")
+    ax_l.set_ylabel("P90 TTFT (ms)")
+    ax_l.set_title("P90 time to first token")
+    ladder = sorted({p["concurrency"] for p in sw["points"]})
+    for ax in (ax_t, ax_l):
+        _ladder_axis(ax, ladder)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Slots sweep, knees dotted ({_subtitle(doc)})")
     return _save(fig, path)
 
 
@@ -216,6 +253,8 @@ def draw_all(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """Every plot the document supports, as {name: path}."""
     out = {"throughput": throughput(doc, out_dir / "throughput.png"),
            "latency": latency(doc, out_dir / "latency.png")}
+    if doc.get("sweep"):
+        out["sweep"] = sweep(doc, out_dir / "sweep.png")
     if has_timeline(doc):
         out["thermal"] = thermal(_with_max_threads(doc), out_dir / "thermal.png")
     if has_power(doc):

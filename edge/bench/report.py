@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from edge.bench import plots
+from edge.bench.recommend import recommendation_line
 from edge.bench.table import render as render_table
 
 GiB = float(1 << 30)
@@ -78,11 +79,29 @@ def _settings(doc: dict[str, Any]) -> list[str]:
         ("endpoint", s["endpoint"]),
         ("request timeout", f"{s['timeout_s']} s"),
         ("seed", s["seed"]),
-        *([("started servers", f"threads {s['threads']}, slots {s['slots']}, ctx {s['ctx']}")]
+        *([("started servers", f"threads {s['threads']}, slots {_slots(s)}, ctx {s['ctx']}")]
           if any(t["launched"] for t in doc["targets"]) else []),
         ("machine load", f"1-minute load average {doc.get('loadavg_1m')} at the end of the run"),
     ]
     return _kv(rows)
+
+
+def _slots(s: dict[str, Any]) -> str:
+    sweep = s.get("slots_sweep")
+    return f"{', '.join(map(str, sweep))} (one server per setting, in turn)" if sweep else str(s["slots"])
+
+
+def _sweep(doc: dict[str, Any], images: dict[str, str]) -> list[str]:
+    sw = doc.get("sweep")
+    if not sw:
+        return []
+    lines = ["## Slots sweep", "", f"**{recommendation_line(sw['recommendation'])}**", "",
+             f"edge was started once per `--slots` setting ({', '.join(map(str, sw['slots']))}) and the "
+             f"whole ladder run on each; target P90 TTFT {sw['target_p90_ttft_ms']:g} ms. "
+             f"Rule: {sw['rule']}.", ""]
+    if "sweep" in images:
+        lines += [f"![Slots sweep: tokens/s and P90 TTFT per setting]({images['sweep']})", ""]
+    return lines
 
 
 def render(doc: dict[str, Any], facts: dict[str, Any], images: dict[str, str], date: str) -> str:
@@ -129,6 +148,7 @@ def render(doc: dict[str, Any], facts: dict[str, Any], images: dict[str, str], d
     for name, title in (("throughput", "Throughput vs concurrency"), ("latency", "Latency vs concurrency")):
         if name in images:
             lines += [f"![{title}]({images[name]})", ""]
+    lines += _sweep(doc, images)
     lines += ["## Thermal timeline", ""]
     if "thermal" in images:
         n = sum(len(p) for p in doc["timeline"].values())

@@ -80,6 +80,8 @@ class BenchConfig:
     ban_tokens: tuple[int, ...] = ()  # --ignore-eos: the model's end tokens, banned in every request
     task: str = "words"  # --workload: words (random word prompts) or a task of bench/tasks.py
     settle_s: float = 0.0  # idle pause before each step (--settle)
+    slots_sweep: tuple[int, ...] = ()  # --slots-sweep: one started edge per value, in turn (sweep.py)
+    target_p90_ttft_ms: float | None = None  # --target-p90-ttft-ms: the sweep's latency target
 
     def workload(self) -> Workload:
         prompts = parse_dist(self.prompt_lengths, "prompt-lengths", allow_jsonl=True)
@@ -93,6 +95,7 @@ class BenchConfig:
         d["compare"] = [asdict(c) for c in self.compare]
         d["model_path"] = None if self.model_path is None else str(self.model_path)
         d["concurrency"] = list(self.concurrency)
+        d["slots_sweep"] = list(self.slots_sweep)
         return d
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from edge.bench.recommend import COLUMNS as SWEEP_COLUMNS
+from edge.bench.recommend import recommendation_line
+from edge.bench.recommend import rows as sweep_rows
+
 COLUMNS = ("target", "C", "ok", "fail", "req/s", "tok/s", "TTFT p50/p90/p99 ms", "TPOT p50/p90 ms",
            "e2e p50/p90/p99 ms")
 
@@ -62,12 +66,23 @@ def knee_lines(doc: dict[str, Any]) -> list[str]:
             for label, c in doc["knee"].items()]
 
 
+def sweep_lines(sweep: dict[str, Any], markdown: bool = False) -> list[str]:
+    """The slots sweep: each setting's knee and best point within the target, then the recommendation."""
+    fmt = _markdown if markdown else _text
+    head = f"slots sweep, target P90 TTFT <= {sweep['target_p90_ttft_ms']:g} ms"
+    rec = recommendation_line(sweep["recommendation"])
+    return [head, *[""] * markdown, *fmt(SWEEP_COLUMNS, sweep_rows(sweep)), "",
+            f"**{rec}**" if markdown else rec]
+
+
 def render(doc: dict[str, Any], markdown: bool = False) -> str:
     """The figures table, the knee per target and, when comparing, the B/A ratios."""
     fmt = _markdown if markdown else _text
     bullet = "- " if markdown else ""
     lines = fmt(COLUMNS, rows(doc))
     lines += ["", *(bullet + k for k in knee_lines(doc))]
+    if doc.get("sweep"):
+        lines += ["", *sweep_lines(doc["sweep"], markdown)]
     if doc["compare"]:
         lines += ["", "ratios B/A (throughput above 1: B serves more; latency above 1: B is slower)"]
         lines += [""] * markdown + fmt(COMPARE_COLUMNS, compare_rows(doc))

@@ -173,21 +173,29 @@ class Target:
 
 
 def probe(url: str, get: Callable[[str], httpx.Response]) -> tuple[str, bool]:
-    """(model id from /v1/models, whether the server is edge: it answers /v1/status)."""
+    """(model id to request, whether the server is edge: it answers /v1/status).
+
+    The first model /v1/models lists, except on edge: it lists every model of its store too (loaded
+    on demand), so the id is the listed one that /v1/status names as its served model (id, name or
+    alias): the model the bench started it with."""
     try:
         resp = get(url + "/v1/models")
         resp.raise_for_status()
-        data = resp.json()["data"]
-        model_id = str(data[0]["id"])
+        ids = [str(m["id"]) for m in resp.json()["data"]]
+        model_id = ids[0]
     except httpx.HTTPError as exc:
         raise TargetUnreachable(url, f"GET /v1/models: {type(exc).__name__}: {exc}") from None
     except (ValueError, KeyError, IndexError, TypeError):
         raise TargetUnreachable(url, "GET /v1/models did not list a model (not OpenAI-compatible?)") from None
     try:
         st = get(url + "/v1/status")
-        is_edge = st.status_code == 200 and isinstance(st.json(), dict) and "scheduler" in st.json()
+        body = st.json() if st.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
-        is_edge = False
+        body = None
+    is_edge = isinstance(body, dict) and "scheduler" in body
+    if is_edge and isinstance(model := body.get("model"), dict):
+        names = {model.get("id"), model.get("name"), *(model.get("aliases") or [])}
+        model_id = next((i for i in ids if i in names), model_id)
     return model_id, is_edge
 
 

@@ -11,6 +11,10 @@ succeeded; 1 the bench ran but some requests failed (the figures are still
 printed and written); 2 usage or config error (bad distribution spec, non-loopback
 or unreachable URL, unknown model); 3 a server the bench had to start did not
 come up.
+
+`http MODEL --slots-sweep 1,2,4,8 --target-p90-ttft-ms T` starts edge once per slots setting,
+runs the ladder on each and recommends `--slots` and `--max-queue` (`edge/bench/sweep.py`,
+the rule in `edge/bench/recommend.py`).
 """
 
 from __future__ import annotations
@@ -98,6 +102,11 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
                    help="threads of the servers the bench starts (default: usable CPUs)")
     p.add_argument("--slots", type=int, default=4,
                    help="parallel sequences of the servers the bench starts (default 4)")
+    p.add_argument("--slots-sweep", default=None, metavar="LIST",
+                   help="with MODEL: start edge once per slots setting (e.g. 1,2,4,8), run the ladder "
+                        "on each and recommend --slots and --max-queue (needs --target-p90-ttft-ms)")
+    p.add_argument("--target-p90-ttft-ms", type=float, default=None, metavar="MS",
+                   help="the sweep's latency target: the most tokens/s whose P90 TTFT stays within MS")
     p.add_argument("--ctx", type=int, default=4096,
                    help="context tokens of the servers the bench starts (default 4096)")
     p.add_argument("--timeout", type=float, default=300.0,
@@ -169,6 +178,7 @@ def bench_config(args: argparse.Namespace) -> Any:
             raise ConfigError("compare", f"starting {c.kind} needs MODEL (a store name or .gguf path)")
         elif c.kind == "llama-server":
             llama_server_binary()  # missing: a usage error now, not after the first server started
+    sweep = _slots_sweep(args, compare)
     requests = args.requests if args.requests is not None or args.duration is not None else 32
     cfg = BenchConfig(
         primary=primary, compare=compare, model=args.model, model_path=model_path,
@@ -177,10 +187,39 @@ def bench_config(args: argparse.Namespace) -> Any:
         endpoint=args.endpoint, timeout_s=args.timeout, threads=args.threads or _usable_cpus(),
         slots=args.slots, ctx=args.ctx, seed=args.seed, allow_remote=args.allow_remote,
         ban_tokens=_end_tokens(args, model_path), task=getattr(args, "workload", "words"),
-        settle_s=_settle_s(settle, bool(compare)),
+        settle_s=_settle_s(settle, bool(compare)), slots_sweep=sweep,
+        target_p90_ttft_ms=getattr(args, "target_p90_ttft_ms", None),
     )
     cfg.workload()  # parse the distributions now: a bad spec is a usage error (2)
     return cfg
+
+
+def _slots_sweep(args: argparse.Namespace, compare: tuple[Any, ...]) -> tuple[int, ...]:
+    """The --slots-sweep values, () without it; a sweep needs a MODEL to start (a live server cannot
+    change its slots), measures edge alone, and needs the target its recommendation is for."""
+    from edge.errors import ConfigError
+
+    text, target = getattr(args, "slots_sweep", None), getattr(args, "target_p90_ttft_ms", None)
+    if text is None:
+        if target is not None:
+            raise ConfigError("target-p90-ttft-ms", "only with --slots-sweep")
+        return ()
+    if args.url is not None or args.model is None:
+        raise ConfigError("slots-sweep", "a running server cannot change its slots: give a MODEL for the "
+                                         "bench to start once per setting, not --url")
+    if compare:
+        raise ConfigError("slots-sweep", "the sweep measures edge alone: drop --compare")
+    if target is None:
+        raise ConfigError("slots-sweep", "give --target-p90-ttft-ms MS: the recommendation is the most "
+                                         "tokens/s within it")
+    _positive("target-p90-ttft-ms", target)
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError("slots-sweep", f"{text!r}: expected integers like 1,2,4,8") from None
+    if not values or values[0] < 1 or values[-1] > 64:
+        raise ConfigError("slots-sweep", f"{text!r}: each value must be between 1 and 64 (edge's --slots)")
+    return tuple(values)
 
 
 def _settle_s(given: float | None, comparing: bool) -> float:
@@ -213,6 +252,10 @@ def run_ladder(args: argparse.Namespace, *, progress: bool, launcher: Any = None
 
     cfg = bench_config(args)
     kw = {} if launcher is None else {"launcher": launcher}
+    if cfg.slots_sweep:
+        from edge.bench.sweep import run_sweep
+
+        return run_sweep(cfg, progress=progress, ready_timeout_s=args.ready_timeout, **kw)
     return run_bench(cfg, progress=progress, ready_timeout_s=args.ready_timeout, **kw)
 
 

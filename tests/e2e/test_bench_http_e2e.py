@@ -67,3 +67,33 @@ def test_bench_starts_and_stops_edge_itself(smollm2_path: Path, tmp_path: Path) 
     assert "--threads" in target["command"] and doc["steps"][0]["n_ok"] == 2
     with pytest.raises(httpx.HTTPError):  # stopped by PID once the ladder was done
         httpx.get(target["url"] + "/health", timeout=2.0)
+
+
+def test_slots_sweep_recommends_a_setting_on_the_catalog_model(smollm2_path: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bench = tmp_path / "sweep.json"
+    args = ["bench", "http", str(smollm2_path), "--slots-sweep", "1,2", "--concurrency", "1,2",
+            "--requests", "4", "--warmup", "1", "--prompt-lengths", "uniform:8-24",
+            "--max-tokens", "fixed:16", "--ctx", "1024", "--timeout", "120",
+            "--target-p90-ttft-ms", "30000", "--json", str(bench)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads(bench.read_text())
+    # one server per setting, each started with its own --slots and stopped once its ladder was done
+    assert [t["label"] for t in doc["targets"]] == ["slots=1", "slots=2"]
+    for t, slots in zip(doc["targets"], ("1", "2"), strict=True):
+        assert t["command"][t["command"].index("--slots") + 1] == slots and t["is_edge"] is True
+        assert "smollm2" in t["model_id"].lower()
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(t["url"] + "/health", timeout=2.0)
+    assert len(doc["steps"]) == 4 and all(s["n_ok"] == 4 for s in doc["steps"])
+    rec = doc["sweep"]["recommendation"]
+    assert rec["slots"] in {1, 2} and rec["concurrency"] in {1, 2} and rec["met_target"] is True
+    assert rec["output_tokens_per_s"] > 0 and 0 < rec["p90_ttft_ms"] <= 30000 and rec["max_queue"] >= 0
+    assert f"recommended: --slots {rec['slots']} --max-queue {rec['max_queue']}" in printed
+
+    out = tmp_path / "report"
+    assert main(["report", "--bench", str(bench), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "## Slots sweep" in md and "(sweep.png)" in md
+    assert (out / "sweep.png").read_bytes().startswith(PNG_SIGNATURE)

@@ -205,3 +205,20 @@ def test_probe_errors() -> None:
         probe("http://127.0.0.1:9", refused)
     with pytest.raises(TargetUnreachable, match="did not list a model"):
         probe("http://127.0.0.1:9", lambda url: _resp(200, {"data": []}))
+
+
+def test_probe_takes_the_model_edge_serves_not_the_first_of_its_store() -> None:
+    # edge lists every model of its store (loaded on demand): requesting the first one would
+    # measure another model than the one the bench started it with
+    listed = {"data": [{"id": "gemma3-270m"}, {"id": "smollm2-135m-instruct"}]}
+
+    def get(url: str) -> httpx.Response:
+        if url.endswith("/v1/models"):
+            return _resp(200, listed)
+        return _resp(200, {"scheduler": None, "model": {"id": "SmolLM2-135M-Instruct.Q4_1",
+                                                       "aliases": ["smollm2-135m-instruct", "x.gguf"]}})
+
+    assert probe("http://127.0.0.1:9", get) == ("smollm2-135m-instruct", True)
+    other = {"scheduler": None, "model": {"id": "not-listed"}}
+    assert probe("http://127.0.0.1:9", lambda u: _resp(200, listed if u.endswith("models") else other)) == (
+        "gemma3-270m", True)
