@@ -14,11 +14,12 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["edge", "edge.*"]),
     include_package_data=True,
-    # the chat page served at /; the default text of `edge eval` (public domain, see its README);
+    # the chat page served at /; the default text and prompt set of `edge eval` (see its README);
     # configs/ and models/catalog.toml through the links under edge/data (copied into the wheel)
     package_data={"edge": ["py.typed", "api/static/*.html", "data/eval/*.txt", "data/eval/*.md",
+                           "data/eval/*.jsonl",
                            "data/catalog.toml", "data/configs/*.toml", "data/configs/devices/*.toml",
-                           "data/configs/throughput/*.json"]},
+                           "data/configs/throughput/*.json", "data/configs/templates/*.jinja"]},
     install_requires=[
         "numpy>=1.24",
         # The low-level API (batch, memory, sampler chain) moves between releases:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,16 +26,21 @@ from edge.contracts.device import DeviceProfile
 from edge.contracts.options import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_FLASH_ATTN,
+    DEFAULT_KEEP_ALIVE_S,
     DEFAULT_N_BATCH,
     DEFAULT_PROMPT_CACHE_MIB,
+    DEFAULT_REASONING_BUDGET,
+    DEFAULT_REASONING_FORMAT,
     DEFAULT_SLOTS,
     DEFAULT_SPECULATIVE,
     DRAFT_MAX_LIMIT,
     FlashAttn,
+    ReasoningFormat,
     SpeculativeMode,
 )
-from edge.errors import ConfigError
+from edge.errors import ConfigError, InvalidRequest
 from edge.kvcache import KVType
+from edge.units import parse_bytes, parse_keep_alive
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -105,7 +110,7 @@ class Settings(BaseSettings):
         "default), draft (guesses from --draft-model) or off. Adaptive: each sequence drafts only "
         "while its measured acceptance and this device's measured verify cost say it pays, and "
         "never while the scheduler cuts load; where it cannot pay it costs nothing but a "
-        "calibration of the verify step at load."
+        "one-time calibration of the verify step (in idle time after ready, kept per model)."
     )
     draft_model: str | None = Field(
         None, description="Draft model for --speculative draft (store name or .gguf path); it must "
@@ -154,12 +159,39 @@ class Settings(BaseSettings):
         30.0, ge=0, le=3600, description="Time running requests get to finish on SIGTERM."
     )
     keep_alive_s: float | None = Field(
-        None, ge=0, description="Unload the model after this idle time (None: never)."
+        DEFAULT_KEEP_ALIVE_S, ge=0, description="Unload a model after this idle time: seconds or a "
+        "duration such as 5m or 1h (default 5m, Ollama's; None or a negative duration: never). A "
+        "request's keep_alive overrides it for its model."
+    )
+
+    # --- model host: several models from one endpoint ---
+    memory_budget_bytes: int | None = Field(
+        None, ge=0, description="Memory the resident models may hold together, counted as `edge plan` "
+        "counts a model (weights, KV, compute, overhead): bytes or a size such as 1300M or 4G. None: the "
+        "memory available at start (MemAvailable, the cgroup limit) minus the reserve."
+    )
+    pin: list[str] = Field(
+        default_factory=list, description="Models never unloaded to make room or after idle time "
+        "(store names or paths)."
     )
     chat_template: str | None = Field(
         None, description="Chat template replacing the model's: a built-in name (chatml, chatml-tools, "
         "llama3, plain) or a Jinja file path. None: the model's own (plain transcript if it has none). "
         "chatml-tools gives a ChatML model (e.g. SmolLM2) Hermes-style tool calling."
+    )
+
+    # --- thinking models (edge.runtime.text.reasoning, edge.scheduler.reasoning) ---
+    reasoning_format: ReasoningFormat = Field(
+        DEFAULT_REASONING_FORMAT, description="How a think block is kept apart from the answer "
+        "(llama-server's meanings): auto, the chat template's family (<think> tags, gpt-oss channels); "
+        "deepseek, think tags into reasoning_content; deepseek-legacy, the same and the tags left in the "
+        "content too; none, the text as the model wrote it."
+    )
+    reasoning_budget: int = Field(
+        DEFAULT_REASONING_BUDGET, ge=-1, le=1 << 20, description="Thinking tokens before edge closes the "
+        "block itself and the model answers (-1: unlimited; 0: thinking off where the template can turn "
+        "it off). Under a thermal or power cut or on battery under the reserve the scheduler shrinks it "
+        "(see /v1/status); a request may ask for less."
     )
 
     # --- /v1/responses store ---
@@ -202,6 +234,30 @@ class Settings(BaseSettings):
     )
     procfs_root: Path = Field(Path("/proc"), description="Root of the procfs tree to read.")
 
+    # --- operations: the audit trail and the record of every start ---
+    audit_log: Path | None = Field(
+        None, description="Append one JSON line per HTTP request to this file: time, request id, client, "
+        "API key name, method, path, model, status, tokens, duration; never prompt or answer text "
+        "(None: off). Rotated by size, appended to across restarts."
+    )
+    audit_log_max_mib: int = Field(64, ge=1, le=1 << 20, description="Size (MiB) at which the audit "
+                                   "log rotates to FILE.1 (the older ones to FILE.2 ...).")
+    audit_log_backups: int = Field(3, ge=1, le=1000, description="Rotated audit files kept.")
+    state_dir: Path | None = Field(
+        None, description="Where edge keeps its records (deployments/: one JSON file per `edge serve` "
+        "start). None: the per-user state directory (env EDGE_STATE_DIR)."
+    )
+    # --- the inference probe (/health/inference) ---
+    probe_interval_s: float = Field(
+        60.0, ge=0, le=86400, description="While idle, run a one-token inference probe this often; the "
+        "systemd watchdog is fed only while probes pass (0: no periodic probe)."
+    )
+    probe_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="A probe with no token within this time fails (503)."
+    )
+    # field -> default | profile | file | environment | flag, set by commands/_common.settings_from_args
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -218,6 +274,28 @@ class Settings(BaseSettings):
             TomlConfigSettingsSource(settings_cls, toml_file=toml_path),
         )
 
+    @field_validator("keep_alive_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        """"5m", "1h30m", "-1" (never) as Ollama's keep_alive; a plain number is seconds."""
+        if value is None or isinstance(value, bool):
+            return value
+        try:
+            return parse_keep_alive(value if not isinstance(value, str) or value.strip() else "0",
+                                    "keep_alive")
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("memory_budget_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        if value is None or isinstance(value, bool):
+            return value
+        try:
+            return parse_bytes(value if isinstance(value, str) else int(value), "memory_budget")
+        except (InvalidRequest, TypeError) as exc:
+            raise ValueError(str(exc)) from None
+
     @model_validator(mode="after")
     def _draft_needs_model(self) -> Settings:
         if self.speculative == "draft" and not self.draft_model:
@@ -225,15 +303,46 @@ class Settings(BaseSettings):
         return self
 
     def resolved_api_key(self) -> str | None:
-        """The key from `api_key`, else the first line of `api_key_file`."""
+        """The key a client sends: `api_key`, else the first key of `api_key_file`."""
+        return next(iter(self.resolved_api_keys().values()), None)
+
+    def resolved_api_keys(self) -> dict[str, str]:
+        """Key name -> key the server accepts: `api_key` as "default", else `api_key_file`, one
+        `name:key` a line (a lone line without a colon is the key "default"; blank lines and
+        `#` comments skipped), so the audit trail can say who called."""
         if self.api_key:
-            return self.api_key
-        if self.api_key_file is not None:
-            try:
-                return self.api_key_file.read_text().strip() or None
-            except OSError as exc:
-                raise ConfigError("api_key_file", str(exc)) from exc
-        return None
+            return {"default": self.api_key}
+        if self.api_key_file is None:
+            return {}
+        try:
+            lines = [ln.strip() for ln in self.api_key_file.read_text().splitlines()]
+        except OSError as exc:
+            raise ConfigError("api_key_file", str(exc)) from exc
+        lines = [ln for ln in lines if ln and not ln.startswith("#")]
+        if len(lines) == 1 and ":" not in lines[0]:
+            return {"default": lines[0]}
+        keys: dict[str, str] = {}
+        for n, line in enumerate(lines, 1):
+            name, _, key = (part.strip() for part in line.partition(":"))
+            if not name or not key or name in keys or key in keys.values():
+                raise ConfigError("api_key_file", f"{self.api_key_file}: entry {n} is not a new name:key")
+            keys[name] = key
+        return keys
+
+    def origins(self) -> dict[str, str]:
+        """Where each field's value came from (empty unless read by `settings_from_args`)."""
+        return dict(self._origins)
+
+    def set_origins(self, origins: dict[str, str]) -> None:
+        self._origins = dict(origins)
+
+    def resolved_state_dir(self) -> Path:
+        """`state_dir`, else the per-user state directory (records that outlive one run)."""
+        if self.state_dir is not None:
+            return self.state_dir
+        import platformdirs
+
+        return Path(platformdirs.user_state_dir("edge", appauthor=False))
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

@@ -19,6 +19,7 @@ class ErrorKind(str, Enum):
     UNAUTHORIZED = "unauthorized"  # 401
     NOT_FOUND = "not_found"  # 404
     TOO_LARGE = "too_large"  # 413
+    INSUFFICIENT_STORAGE = "insufficient_storage"  # 507: the model cannot fit this box's memory budget
     UNAVAILABLE = "unavailable"  # 503 with Retry-After
     RATE_LIMITED = "rate_limited"  # 429 with Retry-After
     INTERNAL = "internal"  # 500: a bug or a backend failure, never bad input
@@ -133,6 +134,22 @@ class InsufficientMemory(EdgeError):
             f"not enough memory for {self.what}: needs {self.need_bytes / 2**20:.0f} MiB, "
             f"{self.available_bytes / 2**20:.0f} MiB available"
         )
+
+
+@dataclass
+class ModelTooLarge(EdgeError):
+    """A model larger than the whole memory budget of the model host: nothing is unloaded for it."""
+
+    name: str
+    need_bytes: int
+    budget_bytes: int
+    detail: str = ""
+    kind = ErrorKind.INSUFFICIENT_STORAGE
+
+    def __str__(self) -> str:
+        msg = (f"model {self.name} needs {self.need_bytes / 2**20:.0f} MiB, more than the memory budget of "
+               f"{self.budget_bytes / 2**20:.0f} MiB for all resident models (--memory-budget)")
+        return f"{msg}: {self.detail}" if self.detail else msg
 
 
 @dataclass

@@ -229,11 +229,12 @@ def plan_memory(
     flash_attn: bool = True,
     swa_full: bool = False,
     draft: GGUFInfo | None = None,
+    n_ctx_max: int | None = None,
 ) -> MemoryPlan:
     """Plan memory for `info` (and `draft`, a draft model beside it, at the same context).
 
-    n_ctx None: the largest context (multiple of 256, at most n_ctx_train) that
-    fits. gpu_layers "auto": the most layers that fit (0 without a GPU, which is
+    n_ctx None: the largest context (multiple of 256, at most n_ctx_train and `n_ctx_max`)
+    that fits. gpu_layers "auto": the most layers that fit (0 without a GPU, which is
     neither unified memory nor a given gpu_available_bytes). Unified memory is
     one pool; a discrete GPU must hold its share in gpu_available_bytes and the
     rest must fit in RAM. An impossible plan is returned with fits=False and a
@@ -243,6 +244,8 @@ def plan_memory(
     fixed = _Fixed(n_slots, kv_type, available_bytes, reserve_bytes, unified_memory, gpu_available_bytes,
                    n_batch, n_ubatch, n_outputs_max, flash_attn, swa_full, draft)
     ctx_cap = max(CTX_PAD, (info.n_ctx_train // CTX_PAD) * CTX_PAD) if info.n_ctx_train else DEFAULT_N_CTX
+    if n_ctx_max is not None:
+        ctx_cap = max(CTX_PAD, min(ctx_cap, (n_ctx_max // CTX_PAD) * CTX_PAD))
     fixed_ctx = pad(n_ctx) if n_ctx is not None else None
     ngl = _gpu_layers(info, gpu_layers, fixed_ctx or min(ctx_cap, AUTO_CTX_FIRST), fixed)
     if fixed_ctx is not None:

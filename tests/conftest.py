@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 # verdicts edge caches per device (runtime/attention.py) go to a directory of this test session's
 # own, inherited by the servers the end-to-end tests start, never to the user's cache
 os.environ.setdefault("EDGE_CACHE_DIR", tempfile.mkdtemp(prefix="edge-test-cache-"))
+# and the deployment records `edge serve` writes at every start (commands/deployments.py) likewise
+os.environ.setdefault("EDGE_STATE_DIR", tempfile.mkdtemp(prefix="edge-test-state-"))
 TEST_MODELS_DIR = Path(os.environ.get("EDGE_TEST_MODELS_DIR", REPO / ".cache" / "models"))
 
 

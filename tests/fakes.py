@@ -171,6 +171,7 @@ class ScriptedEngine:
         self.stop_calls: list[float] = []
         self.embedded: list[list[list[int]]] = []
         self.rendered: list[tuple[list[dict[str, Any]], Any]] = []  # (messages, tools) per render_chat
+        self.template_kwargs: list[dict[str, Any] | None] = []  # per render_chat (enable_thinking, ...)
 
     # --- lifecycle -----------------------------------------------------
     @property
@@ -242,10 +243,12 @@ class ScriptedEngine:
         return self.chat_template
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None) -> str:
+                    tools: list[dict[str, Any]] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
         if not self.chat_template:
             raise TemplateError("model has no chat template")
         self.rendered.append((messages, tools))
+        self.template_kwargs.append(template_kwargs)
         parts = [f"<{m['role']}> {m.get('content') or ''}" for m in messages]
         if tools:
             parts.insert(0, "<tools> " + " ".join(t["function"]["name"] for t in tools))

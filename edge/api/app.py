@@ -1,6 +1,7 @@
 """`create_app(settings, engine, scheduler)`: the HTTP app, with no module globals.
 
-Middleware order (outermost first): request counting, CORS (only when
+Middleware order (outermost first): request id, audit trail (with `--audit-log`), request
+counting, CORS (only when
 configured: `cors_origins` is the allow-list, and a preflight from any other origin
 gets no Access-Control-Allow-* header), API key, body size limit, JSON-only POSTs
 (415 otherwise), then the routes. Every error leaves through
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -31,7 +33,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge import __version__
 from edge.api import embeddings, ollama, ollama_models, openai, ops, page, responses
+from edge.api.audit import AuditLog, AuditMiddleware
 from edge.api.errors import error_body, is_ollama_path, to_http
+from edge.api.health_probe import ProbeCollector
+from edge.api.host_metrics import HostCollector
+from edge.api.leases import LeaseMiddleware
 from edge.api.metrics import ApiMetrics
 from edge.api.middleware import (
     AllowListCORSMiddleware,
@@ -48,6 +54,7 @@ from edge.api.schemas import REQUEST_MODELS, openapi_components
 from edge.api.state import ApiState
 from edge.config import Settings
 from edge.errors import EdgeError
+from edge.host.models import ModelHost
 from edge.runtime.types import EngineLike
 from edge.scheduler.admission import Admission, AdmissionLike
 from edge.scheduler.loop import SchedulerLike
@@ -67,13 +74,16 @@ def create_app(
     plan: Any = None,
     clock: Callable[[], float] = time.perf_counter,
     model_path: Path | None = None,
+    host: ModelHost | None = None,
 ) -> FastAPI:
     """Build the app. `admission` defaults to the scheduler's, else one without heat or memory checks.
+    With a model `host`, `engine` is the host (the one engine the scheduler and /ready see) and each
+    request runs on the engine of the model it names (`ApiState.for_model`).
 
     `api_key` None means "use settings" (api_key or api_key_file); pass "" to force no key.
     """
-    if api_key is None:
-        api_key = settings.resolved_api_key()
+    keys = _api_keys(settings, api_key)  # name -> key (several with a name:key key file)
+    api_key = next(iter(keys.values()), "")
     if admission is None:
         admission = scheduler.admission if scheduler is not None else Admission(
             settings.max_queue, n_slots=engine.n_slots)
@@ -84,28 +94,44 @@ def create_app(
                   openapi_url="/openapi.json")
     holder: dict[str, ApiState] = {}
     metrics = ApiMetrics(engine, lambda: len(holder["st"].in_flight), lambda: holder["st"].scheduler_status())
-    st = ApiState(
-        settings=settings,
-        engine=engine,
-        admission=admission,
-        metrics=metrics,
-        model_id=model_id,
-        model_names=names,
-        api_key=api_key or None,
-        scheduler=scheduler,
-        plan=plan,
-        clock=clock,
+    st = holder["st"] = ApiState(
+        settings=settings, engine=engine, admission=admission, metrics=metrics, model_id=model_id,
+        model_names=names, api_key=api_key or None, scheduler=scheduler, plan=plan, clock=clock,
         responses=ResponseStore(settings.responses_store_max, settings.responses_store_max_bytes,
                                 settings.responses_store_ttl_s),
-        model_path=model_path,
-    )
-    holder["st"] = st
+        model_path=model_path, host=host)
+    metrics.registry.register(ProbeCollector(st.probes))
+    if host is not None:
+        metrics.registry.register(HostCollector(host))
     app.state.edge = st
     _include_routes(app)
     _install_handlers(app)
     app.openapi = partial(_openapi, app, bool(api_key))  # type: ignore[method-assign]
-    _add_middleware(app, settings, api_key or None, metrics)
+    _add_middleware(app, settings, keys, metrics)
+    _add_audit(app, settings, lambda: st.model_id)
+    app.add_middleware(LeaseMiddleware)  # outermost: model leases end after the whole response
     return app
+
+
+def _add_audit(app: FastAPI, settings: Settings, served_model: Callable[[], str]) -> None:
+    """The audit trail (with `--audit-log`) outside the key check and counting, and the request
+    id outside it (generated when the trail is on, so every line has one)."""
+    if settings.audit_log is not None:
+        audit = AuditLog(settings.audit_log, settings.audit_log_max_mib << 20, settings.audit_log_backups)
+        app.add_middleware(AuditMiddleware, log=audit, served_model=served_model)
+        weakref.finalize(app, audit.close)
+    app.add_middleware(RequestIdMiddleware, generate=settings.audit_log is not None)
+
+
+def _api_keys(settings: Settings, api_key: str | None) -> dict[str, str]:
+    """None: the settings' keys; "": none; a key: the settings' keys when they hold it (so every
+    named key of the file works), else that key alone as "default"."""
+    if api_key is None:
+        return settings.resolved_api_keys()
+    if not api_key:
+        return {}
+    held = settings.resolved_api_keys() if settings.api_key or settings.api_key_file else {}
+    return held if api_key in held.values() else {"default": api_key}
 
 
 def _include_routes(app: FastAPI) -> None:
@@ -119,11 +145,12 @@ def _include_routes(app: FastAPI) -> None:
     app.include_router(ollama_models.router)
 
 
-def _add_middleware(app: FastAPI, settings: Settings, api_key: str | None, metrics: ApiMetrics) -> None:
-    """Added innermost first, so a request meets them in the order the module docstring lists."""
+def _add_middleware(app: FastAPI, settings: Settings, keys: dict[str, str], metrics: ApiMetrics) -> None:
+    """Added innermost first, so a request meets them in the order the module docstring lists
+    (the audit trail and the request id, outermost, are added by `create_app`)."""
     app.add_middleware(JsonOnlyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(AuthMiddleware, api_key=api_key)
+    app.add_middleware(AuthMiddleware, keys=keys)
     if settings.cors_origins:
         app.add_middleware(
             AllowListCORSMiddleware,
@@ -132,7 +159,6 @@ def _add_middleware(app: FastAPI, settings: Settings, api_key: str | None, metri
             allow_headers=["Authorization", "Content-Type", "X-Edge-Priority"],
         )
     app.add_middleware(CountMiddleware, metrics=metrics)
-    app.add_middleware(RequestIdMiddleware)
 
 
 def _openapi(app: FastAPI, keyed: bool) -> dict[str, Any]:

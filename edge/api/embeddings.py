@@ -25,6 +25,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from edge.api.audit import tally
 from edge.api.body import parse_json
 from edge.api.generation import PRIORITY_HEADER, parse_priority
 from edge.api.schemas import EmbeddingRequest, parse_model, request_body_doc
@@ -81,7 +82,8 @@ async def embed_inputs(st: ApiState, model: str, inputs: list[str | list[int]], 
     """The checks and the admission both embeddings APIs share (OpenAI's and Ollama's):
     (one vector per input, input tokens). `model` is the name as sent (Ollama's ":latest" dropped)."""
     info = await anyio.to_thread.run_sync(st.engine.embedding_info)
-    names = {info["model"], *st.model_names} if st.settings.embedding_model is None else {info["model"]}
+    own = st.settings.embedding_model is None or st.host is not None  # a hosted model embeds with its own
+    names = {info["model"], *st.model_names} if own else {info["model"]}
     if model not in names:
         st.check_model(model)  # ModelNotFound naming what this server serves
         raise InvalidRequest(f"embeddings here come from {info['model']!r}", "model")
@@ -90,17 +92,20 @@ async def embed_inputs(st: ApiState, model: str, inputs: list[str | list[int]], 
                              f"{info['n_embd']}-dimensional vectors and cannot shorten them", "dimensions")
     claim = _Claim(st.admission.admit_all(priority, [NO_KV_CELLS])[0])  # 503 + Retry-After when refused
     try:
-        return await claim.run(st, inputs, truncate)
+        vectors, n_tokens = await claim.run(st, inputs, truncate)
     finally:
         claim.ticket.release()
+    tally(model=info["model"], prompt_tokens=n_tokens)  # the audit line's model and tokens
+    return vectors, n_tokens
 
 
 @router.post("/v1/embeddings", openapi_extra=request_body_doc(EmbeddingRequest))
 async def embeddings(request: Request) -> Response:
     st: ApiState = request.app.state.edge
     body = parse_model(EmbeddingRequest, parse_json(await request.body()))  # nesting bounded first
-    vectors, n_tokens = await embed_inputs(st, body.model, body.inputs(), body.dimensions,
-                                           priority=parse_priority(request.headers.get(PRIORITY_HEADER)))
+    priority = parse_priority(request.headers.get(PRIORITY_HEADER))
+    st = await st.for_model(request, body.model)
+    vectors, n_tokens = await embed_inputs(st, body.model, body.inputs(), body.dimensions, priority=priority)
     return JSONResponse({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}

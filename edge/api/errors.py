@@ -20,6 +20,7 @@ STATUS_BY_KIND: dict[ErrorKind, int] = {
     ErrorKind.UNAUTHORIZED: 401,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.TOO_LARGE: 413,
+    ErrorKind.INSUFFICIENT_STORAGE: 507,
     ErrorKind.RATE_LIMITED: 429,
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.INTERNAL: 500,
@@ -33,6 +34,7 @@ TYPE_BY_STATUS: dict[int, str] = {
     415: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
+    507: "insufficient_storage",
     500: "server_error",
 }
 

@@ -139,6 +139,7 @@ class Outcome:
     n_generated: int = 0
     error: Exception | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked for them
+    reasoning: str = ""  # the think block's text (requests with a ReasoningSpec; `text` is the answer)
 
 
 @dataclass
@@ -209,6 +210,7 @@ class Generation:
         m.duration.observe(self.st.clock() - self.t0_s)
         for job, out in zip(self.jobs, self.outcomes, strict=True):
             m.prompt_tokens.inc(out.usage.prompt_tokens if out.usage else job.n_prompt)
+            m.reasoning_tokens.inc(out.usage.reasoning_tokens if out.usage else 0)
         if submitted:
             self.log_done()
 
@@ -233,6 +235,7 @@ class Generation:
                 out.n_generated += ev.n_tokens
                 self.st.metrics.generated_tokens.inc(ev.n_tokens)
             out.text += ev.text
+            out.reasoning += ev.reasoning
             out.logprobs.extend(ev.logprobs)
             if ev.finish_reason is not None:
                 out.finish_reason = ev.finish_reason
@@ -247,7 +250,8 @@ class Generation:
         )
         gen = sum(o.usage.completion_tokens if o.usage else o.n_generated for o in self.outcomes)
         cached = sum(o.usage.cached_tokens if o.usage else 0 for o in self.outcomes)
-        return Usage(prompt, gen, cached)
+        thought = sum(o.usage.reasoning_tokens if o.usage else 0 for o in self.outcomes)
+        return Usage(prompt, gen, cached, thought)
 
     def log_done(self) -> None:
         u = self.usage()

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from edge.api.audit import tally
 from edge.runtime.types import EngineLike, EngineState, EngineStats
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,18 @@ def _engine_counters(s: EngineStats) -> dict[str, tuple[str, float]]:
     }
 
 
+class TalliedCounter:
+    """A token counter whose increments also count toward the current request's audit line
+    (`audit.tally`): the routes report usage where they already count it, once."""
+
+    def __init__(self, counter: Counter, field: str) -> None:
+        self.counter, self.field = counter, field
+
+    def inc(self, amount: float = 1) -> None:
+        self.counter.inc(amount)
+        tally(**{self.field: int(amount)})
+
+
 class ApiMetrics:
     def __init__(
         self,
@@ -139,11 +152,17 @@ class ApiMetrics:
         self.requests = Counter(
             "edge_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
         )
-        self.prompt_tokens = Counter("edge_prompt_tokens", "Prompt tokens of completed requests", registry=r)
-        self.generated_tokens = Counter("edge_generated_tokens", "Tokens generated for requests", registry=r)
+        # the two token counters also count toward each request's audit line
+        self.prompt_tokens = TalliedCounter(Counter(
+            "edge_prompt_tokens", "Prompt tokens of completed requests", registry=r), "prompt_tokens")
+        self.generated_tokens = TalliedCounter(Counter(
+            "edge_generated_tokens", "Tokens generated for requests", registry=r), "completion_tokens")
         self.cancelled = Counter(
             "edge_requests_cancelled", "Generations cancelled (disconnect, drain)", registry=r
         )
+        self.reasoning_tokens = Counter(  # a part of edge_generated_tokens: those inside a think block
+            "edge_reasoning_tokens", "Generated tokens spent thinking (think blocks, markers included)",
+            registry=r)
         self.ttft = Histogram(
             "edge_ttft_seconds",
             "Time from request arrival to first token",

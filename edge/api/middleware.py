@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -80,21 +81,34 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class AuthMiddleware:
-    """Bearer key check with a constant-time compare; off when no key is configured."""
+    """Bearer key check with a constant-time compare against every key (name -> key, several
+    with a `name:key` key file); off when no key is configured. The name of the key that
+    matched goes into the scope's state (`api_key_name`) for the audit trail."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None = None,
+                 keys: Mapping[str, str] | None = None) -> None:
         self.app = app
-        self.key = api_key.encode() if api_key else None
+        named = dict(keys) if keys else ({"default": api_key} if api_key else {})
+        self.keys = [(name, key.encode()) for name, key in named.items()]
+
+    def _match(self, token: bytes) -> str | None:
+        found = None
+        for name, key in self.keys:  # no early exit: the time taken says nothing of which key
+            if hmac.compare_digest(token, key) and found is None:
+                found = name
+        return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.key is None or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or not self.keys or scope["path"] in PUBLIC_PATHS:
             return await self.app(scope, receive, send)
         if scope.get("method") == "OPTIONS":  # CORS preflight carries no credentials
             return await self.app(scope, receive, send)
         auth = _header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+        name = self._match(token.strip().encode()) if scheme.lower() == "bearer" else None
+        if name is None:
             return await send_error(send, Unauthorized(), scope["path"])
+        scope.setdefault("state", {})["api_key_name"] = name
         return await self.app(scope, receive, send)
 
 
@@ -202,15 +216,21 @@ _REQUEST_ID_MAX = 128
 
 class RequestIdMiddleware:
     """Echo the client's or the balancer's `X-Request-ID` on the response (every status), so one
-    id follows a request from HAProxy's log to the answer. Only visible ASCII, at most 128 chars."""
+    id follows a request from HAProxy's log to the answer. Only visible ASCII, at most 128 chars.
+    With `generate` (the audit trail is on) a request without one gets a fresh id, echoed too, so
+    every audit line has an id the caller also holds. The id goes into the scope's state."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, generate: bool = False) -> None:
         self.app = app
+        self.generate = generate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = _header(scope, b"x-request-id") if scope["type"] == "http" else None
         if not rid or len(rid) > _REQUEST_ID_MAX or not all(33 <= ord(c) < 127 for c in rid):
-            return await self.app(scope, receive, send)
+            if not self.generate or scope["type"] != "http":
+                return await self.app(scope, receive, send)
+            rid = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
         raw = rid.encode("ascii")
 
         async def send_with_id(message: Message) -> None:

@@ -53,6 +53,7 @@ from edge.api.ollama_support import (
     load_or_unload,
     max_tokens_of,
     ollama_call,
+    on_model,
     respond,
     sampling_of,
     served_name,
@@ -60,6 +61,7 @@ from edge.api.ollama_support import (
     stream_error,
     untagged,
 )
+from edge.api.reasoning import ask_ollama, ollama_events, plan_thinking, with_thinking
 from edge.api.respond import JsonBody, json_body
 from edge.api.schemas import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall, parse_model
 from edge.api.state import ApiState
@@ -109,13 +111,15 @@ def _prepare_chat(st: ApiState, body: ChatRequest, opts: Options,
         raise InvalidRequest("format cannot be combined with tools (both constrain the output)", "format")
     plan = plan_tools(ChatCompletionRequest(model=body.model, messages=msgs, tools=body.tools or None,
                                             parallel_tool_calls=True), info)
+    think = plan_thinking(st, ask_ollama(body.model, body.think, opts.reasoning_budget), info,
+                          st.engine.n_ctx)
     rendered = template_messages(msgs)
-    prompt = (st.engine.render_chat(rendered, tools=plan.tools) if plan.tools is not None
-              else st.engine.render_chat(rendered))
+    prompt = (st.engine.render_chat(rendered, tools=plan.tools, **think.render_kwargs)
+              if plan.tools is not None else st.engine.render_chat(rendered, **think.render_kwargs))
     job = prepare_job(st, prompt, add_bos=False, requested_max_tokens=max_tokens_of(st, opts),
                       sampling=sampling_of(opts, plan.grammar or grammar_of(body.format)),
                       stop=with_turn_stops(opts.stops(), info))
-    return fit_num_ctx(job, opts), plan
+    return think.attach(fit_num_ctx(job, opts), prompt), plan
 
 
 @router.post("/api/chat", openapi_extra=ollama_body_doc(ChatRequest))
@@ -129,6 +133,7 @@ async def chat(request: Request) -> Response:
         return await load_or_unload(st, body.model, keep_alive_s,
                                     lambda text: {"message": {"role": "assistant", "content": text}})
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
+    st = timings.st = await on_model(request, st, body.model, opts)
     job, plan = await raw.run(partial(_prepare_chat, st, body, opts, template_info(st.engine)))
     gen = Generation(st, [job], priority, timings.t0_s, stream=body.stream)
     head = {"model": body.model}
@@ -149,16 +154,16 @@ async def chat(request: Request) -> Response:
 
         def chunk(kind: str, value: Any) -> dict[str, Any]:
             nonlocal n_calls
-            if kind == "content":
-                return {**head, "created_at": created_at(), "message": message(value), "done": False}
+            if kind in ("content", "thinking"):  # thinking: edge.api.reasoning.ollama_events
+                return {**head, "created_at": created_at(), "message": {**message(""), kind: value},
+                        "done": False}
             n_calls += 1
             msg = message("", [ollama_call(value, n_calls - 1)])
             return {**head, "created_at": created_at(), "message": msg, "done": False}
 
         async for _, ev in g.events():
-            if ev.text:
-                for kind, value in scanner.feed(ev.text) if scanner is not None else [("content", ev.text)]:
-                    yield chunk(kind, value)
+            for kind, value in ollama_events(ev, scanner):
+                yield chunk(kind, value)
         err = stream_error(g)
         if err is not None:
             yield err
@@ -177,13 +182,14 @@ async def chat(request: Request) -> Response:
         content = "".join(v for kind, v in events if kind == "content") if scanner.calls else text
         return final(g, message(content, [ollama_call(c, i) for i, c in enumerate(scanner.calls)]))
 
-    return await respond(request, gen, timings, keep_alive_s, lines, whole)
+    return await respond(request, gen, timings, keep_alive_s, lines, with_thinking(whole))
 
 
 # --- /api/generate --------------------------------------------------------------------------------
 
 
-def _generate_prompt(st: ApiState, body: GenerateRequest, info: TemplateInfo | None) -> tuple[str, bool]:
+def _generate_prompt(st: ApiState, body: GenerateRequest, info: TemplateInfo | None,
+                     render_kwargs: dict[str, Any]) -> tuple[str, bool]:
     """(prompt text, add_bos): verbatim for raw (or a `{{ .Prompt }}` template, or a model without
     a chat template), else the user turn rendered by the model's chat template."""
     raw = body.raw or (body.template is not None and body.template.strip() in _TRIVIAL_TEMPLATES)
@@ -196,18 +202,20 @@ def _generate_prompt(st: ApiState, body: GenerateRequest, info: TemplateInfo | N
         return (f"{body.system}\n\n{body.prompt}" if body.system else body.prompt), True
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
         {"role": "user", "content": body.prompt}]
-    return st.engine.render_chat(messages), False
+    return st.engine.render_chat(messages, **render_kwargs), False
 
 
 def _prepare_generate(st: ApiState, body: GenerateRequest, opts: Options,
                       info: TemplateInfo | None) -> Job:
-    text, add_bos = _generate_prompt(st, body, info)
+    think = plan_thinking(st, ask_ollama(body.model, body.think, opts.reasoning_budget), info,
+                          st.engine.n_ctx)
+    text, add_bos = _generate_prompt(st, body, info, think.render_kwargs)
     prompt: str | list[int] = text
     if body.context:  # the conversation so far, as token ids a previous response returned
         prompt = list(body.context) + st.engine.tokenize(text, False)
     job = prepare_job(st, prompt, add_bos=add_bos, requested_max_tokens=max_tokens_of(st, opts),
                       sampling=sampling_of(opts, grammar_of(body.format)), stop=opts.stops())
-    return fit_num_ctx(job, opts)
+    return think.attach(fit_num_ctx(job, opts), prompt)
 
 
 @router.post("/api/generate", openapi_extra=ollama_body_doc(GenerateRequest))
@@ -228,6 +236,7 @@ async def generate(request: Request) -> Response:
     if not body.prompt and not body.system and not body.context:
         return await load_or_unload(st, body.model, keep_alive_s, lambda text: {"response": text})
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
+    st = timings.st = await on_model(request, st, body.model, opts)
     job = await raw.run(partial(_prepare_generate, st, body, opts, template_info(st.engine)))
     gen = Generation(st, [job], priority, timings.t0_s, stream=body.stream)
     head = {"model": body.model}
@@ -242,6 +251,9 @@ async def generate(request: Request) -> Response:
 
     async def lines(g: Generation) -> AsyncIterator[dict[str, Any]]:
         async for _, ev in g.events():
+            if ev.reasoning:
+                yield {**head, "created_at": created_at(), "response": "", "thinking": ev.reasoning,
+                       "done": False}
             if ev.text:
                 yield {**head, "created_at": created_at(), "response": ev.text, "done": False}
         err = stream_error(g)
@@ -250,7 +262,8 @@ async def generate(request: Request) -> Response:
             return
         yield final(g, "")
 
-    return await respond(request, gen, timings, keep_alive_s, lines, lambda g: final(g, g.outcomes[0].text))
+    return await respond(request, gen, timings, keep_alive_s, lines,
+                         with_thinking(lambda g: final(g, g.outcomes[0].text), None))
 
 
 # --- /api/embed, /api/embeddings ------------------------------------------------------------------
@@ -263,6 +276,7 @@ async def _embed(request: Request, st: ApiState, model: str, inputs: list[str], 
     if options is not None:
         options.log_ignored()
     name = untagged(st, model)
+    st = timings.st = await st.for_model(request, name)
     before_s = await hold_loaded(st)
     try:
         await timings.load_if_unloaded()
@@ -277,6 +291,9 @@ async def _embed(request: Request, st: ApiState, model: str, inputs: list[str], 
 
 async def _check_embed_name(st: ApiState, model: str) -> None:
     """404 unless `model` is the served model or the embeddings model (requests that embed nothing)."""
+    if st.host is not None:
+        served_name(st, model)
+        return
     info = await anyio.to_thread.run_sync(st.engine.embedding_info)
     if untagged(st, model) != info["model"]:
         served_name(st, model)

@@ -5,7 +5,8 @@ edge serves one model per process, so /api/tags and /api/ps list that model (und
 Ollama's "name:latest" convention; requests may use either spelling). Its facts come
 from the GGUF header (`edge.gguf`), read once: family = architecture, parameter size,
 quantization level, the chat template and `capabilities` (`completion`; `tools` when the
-template renders tool definitions; `embedding`, since /api/embed works with every model).
+template renders tool definitions; `thinking` when it has a think block; `embedding`, since
+/api/embed works with every model).
 Pull and delete act on the model store (`edge.store`): catalog names only, progress
 streamed as Ollama streams it (status lines, then digest/total/completed).
 """
@@ -24,7 +25,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from edge import __version__
+from edge.api.build import running
 from edge.api.errors import ollama_payload, to_http
 from edge.api.generation import template_info
 from edge.api.ollama_schemas import DeleteRequest, PullRequest, ShowRequest, ollama_body_doc
@@ -34,6 +35,7 @@ from edge.api.schemas import parse_model
 from edge.api.state import ApiState
 from edge.errors import EdgeError, InvalidRequest, ModelNotFound
 from edge.gguf import GGUFInfo, validate_gguf
+from edge.host.residency import ModelState
 from edge.planner import MemoryPlan
 from edge.store import ModelStore, sha256_file, store_for
 
@@ -103,7 +105,9 @@ def _gguf_facts(info: GGUFInfo) -> dict[str, Any]:
     model_info = {**scalars, "general.architecture": arch, "general.parameter_count": info.n_params,
                   f"{arch}.context_length": info.n_ctx_train, f"{arch}.embedding_length": info.n_embd,
                   f"{arch}.block_count": info.n_layer, f"{arch}.attention.head_count": info.n_head}
-    return {"details": details, "model_info": model_info, "license": info.license or ""}
+    template = info.metadata.get("tokenizer.chat_template")
+    return {"details": details, "model_info": model_info, "license": info.license or "",
+            "template": template if isinstance(template, str) else ""}
 
 
 def _digest(st: ApiState, path: Path) -> str:
@@ -125,6 +129,8 @@ def capabilities(st: ApiState) -> list[str]:
     caps = ["completion"]
     if info is not None and info.tools:
         caps.append("tools")
+    if info is not None and info.thinking is not None:
+        caps.append("thinking")  # `think` works (edge.api.reasoning)
     caps.append("embedding")  # /api/embed pools the served model (or the configured embeddings model)
     return caps
 
@@ -137,18 +143,42 @@ def _entry(st: ApiState, facts: dict[str, Any]) -> dict[str, Any]:
 
 @router.get("/api/version")
 async def version() -> dict[str, Any]:
-    return {"version": OLLAMA_API_VERSION, "edge_version": __version__}
+    return {"version": OLLAMA_API_VERSION, **running()}  # edge's version and its llama.cpp build
 
 
 @router.get("/api/tags")
 async def tags(request: Request) -> dict[str, Any]:
     st = state_of(request)
+    if st.host is not None:  # every model in the store
+        views = [st.view_of(ref) for ref in st.host.names.all()]
+        return {"models": [_entry(v, await facts_of(v)) for v in views]}
     return {"models": [_entry(st, await facts_of(st))]}
+
+
+async def _hosted_ps(st: ApiState) -> dict[str, Any]:
+    """The resident models: size as planned, when each would unload if it stays idle."""
+    assert st.host is not None
+    out = []
+    for h in st.host.resident():
+        if h.state is not ModelState.READY or h.engine is None:
+            continue
+        view = st.view_of(h.ref, h.engine)
+        res = h.engine.residency_status()
+        idle = h.leases == 0
+        left = _FOREVER if h.keep_alive_s is None or not idle else timedelta(
+            seconds=res.expires_in_s if res.expires_in_s is not None else h.keep_alive_s)
+        out.append({**_entry(view, await facts_of(view)),
+                    "expires_at": _rfc3339(datetime.now(timezone.utc) + left), "size": h.planned_bytes,
+                    "size_vram": h.plan.gpu_bytes if h.plan is not None else 0,
+                    "context_length": h.engine.n_ctx})
+    return {"models": out}
 
 
 @router.get("/api/ps")
 async def ps(request: Request) -> dict[str, Any]:
     st = state_of(request)
+    if st.host is not None:
+        return await _hosted_ps(st)
     res = st.engine.residency_status()
     if not res.loaded:
         return {"models": []}
@@ -169,6 +199,12 @@ async def show(request: Request) -> Response:
     st = state_of(request)
     body: ShowRequest = parse_model(ShowRequest, (await json_body(request)).data)
     served_name(st, body.model)
+    if st.host is not None:  # a model's facts without loading it: its template as the GGUF has it
+        ref = st.host.names.resolve(untagged(st, body.model))
+        live = [h.engine for h in st.host.resident() if h.ref.key == ref.key and h.engine is not None]
+        st = st.view_of(ref, live[0] if live else None)
+        if not live:
+            return JSONResponse(await _cold_show(st))
     facts = await facts_of(st)
     info = template_info(st.engine)
     stops = info.stop if info is not None else ()
@@ -183,6 +219,17 @@ async def show(request: Request) -> Response:
         "capabilities": capabilities(st),
         "modified_at": facts["modified_at"],
     })
+
+
+async def _cold_show(st: ApiState) -> dict[str, Any]:
+    """/api/show of a model that is not resident, from its GGUF header alone."""
+    facts = await facts_of(st)
+    template = facts.get("template", "")
+    caps = ["completion", *(["tools"] if "tools" in template else []), "embedding"]
+    modelfile = f"# Modelfile generated by edge\nFROM {st.model_path}\n"
+    return {"license": facts["license"], "modelfile": modelfile,
+            "parameters": "", "template": template, "details": facts["details"],
+            "model_info": facts["model_info"], "capabilities": caps, "modified_at": facts["modified_at"]}
 
 
 # --- the store ------------------------------------------------------------------------------------
@@ -259,7 +306,11 @@ async def delete(request: Request) -> Response:
     path = store.path_of(ref)
     if path is None:
         raise ModelNotFound(body.model, "not in the model store")
-    if st.model_path is not None and os.path.realpath(path) == os.path.realpath(st.model_path):
+    if st.host is not None:  # a resident model is unloaded first; one with requests running stays
+        key = st.resolve_name(ref)
+        if not await anyio.to_thread.run_sync(st.host.unload_model, key):
+            raise InvalidRequest(f"model {body.model!r} has requests running; retry when they end", "model")
+    elif st.model_path is not None and os.path.realpath(path) == os.path.realpath(st.model_path):
         raise InvalidRequest(f"model {body.model!r} is the one this server serves; stop the server first",
                              "model")
     await anyio.to_thread.run_sync(store.remove, ref)

@@ -3,15 +3,14 @@
 Policy (Ollama's own where it can be honoured, a clear 400 where it cannot):
 - unknown top-level fields and unknown `options` are ignored, as Ollama (Go's JSON decoder)
   ignores them; ignored options are logged at debug level;
-- fields whose meaning edge cannot deliver (`images`, `suffix`, `think: true`, a Go
-  `template`, `logprobs`) are a 400 naming the field, never silently dropped.
+- fields whose meaning edge cannot deliver (`images`, `suffix`, `think: true` for a model whose
+  template cannot think, a Go `template`, `logprobs`) are a 400 naming the field, never silently
+  dropped.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -29,6 +28,7 @@ from pydantic import (
 from edge.api.schemas import MAX_STOP, MAX_TOOLS, ToolDef, _utf8
 from edge.contracts.options import MAX_TOP_LOGPROBS, PENALTY_ABS_MAX, REPEAT_PENALTY_MAX, TEMPERATURE_MAX
 from edge.errors import InvalidRequest
+from edge.units import parse_keep_alive as parse_keep_alive  # re-exported: the routes read it here
 
 log = logging.getLogger("edge.api")
 
@@ -42,42 +42,8 @@ KNOWN_IGNORED_OPTIONS: frozenset[str] = frozenset({
 })
 
 # --- keep_alive ---------------------------------------------------------------------------------
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-MAX_KEEP_ALIVE_S = 10 * 365 * 86400.0  # beyond this, a number is "forever" for practical purposes
-
 KeepAlive = StrictStr | StrictInt | StrictFloat
 
-
-def parse_keep_alive(value: str | float | int) -> float | None:
-    """Ollama's keep_alive: a Go duration ("5m", "1h30m", "300ms", "-1m") or a number of seconds.
-    Returns seconds (0: unload right after the request) or None (negative: keep loaded forever).
-    InvalidRequest for anything else."""
-    if isinstance(value, bool):
-        raise InvalidRequest("keep_alive must be a duration string or a number of seconds", "keep_alive")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise InvalidRequest("keep_alive must be a finite number", "keep_alive")
-        return None if value < 0 else min(float(value), MAX_KEEP_ALIVE_S)
-    text = value.strip()
-    sign = -1.0 if text.startswith("-") else 1.0
-    body = text[1:] if text[:1] in ("+", "-") else text  # one sign at most, as Go's ParseDuration
-    if re.fullmatch(r"\d+(\.\d+)?", body):  # a bare number in a string: seconds (Ollama: "0" only)
-        seconds = float(body)
-    else:
-        pos, seconds = 0, 0.0
-        for m in _PART.finditer(body):
-            if m.start() != pos:
-                break
-            seconds += float(m.group(1)) * _UNIT_S[m.group(2)]
-            pos = m.end()
-        if not body or pos != len(body):
-            raise InvalidRequest(
-                f"keep_alive {value!r} is not a duration (e.g. \"5m\", \"1h30m\", \"300ms\") or seconds",
-                "keep_alive")
-    if sign < 0 and seconds > 0:
-        return None
-    return min(seconds, MAX_KEEP_ALIVE_S)
 
 
 # --- options ------------------------------------------------------------------------------------
@@ -97,6 +63,7 @@ class Options(BaseModel):
     presence_penalty: float | None = Field(None, ge=-PENALTY_ABS_MAX, le=PENALTY_ABS_MAX)
     frequency_penalty: float | None = Field(None, ge=-PENALTY_ABS_MAX, le=PENALTY_ABS_MAX)
     num_ctx: StrictInt | None = Field(None, ge=1)
+    reasoning_budget: StrictInt | None = None  # edge's: thinking tokens at most (edge.api.reasoning)
 
     _check_stop = field_validator("stop")(_utf8)
 
@@ -151,8 +118,7 @@ class _Generating(_ModelRef):
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def refuse_unsupported(self) -> None:
-        if self.think not in (None, False):
-            raise InvalidRequest(f"model {self.model!r} does not support thinking", "think")
+        """(`think` is checked against the model's template: edge.api.reasoning.)"""
         if self.logprobs:
             raise InvalidRequest("logprobs are not offered on the Ollama API here; use /v1/chat/completions "
                                  "(logprobs: true)", "logprobs")

@@ -53,7 +53,7 @@ def untagged(st: ApiState, name: str) -> str:
 def served_name(st: ApiState, name: str) -> str:
     """The name as this server knows it (ModelNotFound, a 404, when it serves no such model)."""
     name = untagged(st, name)
-    st.check_model(name)
+    st.resolve_name(name)
     return name
 
 
@@ -116,7 +116,11 @@ class Timings:
         self.submit_s = t0_s
 
     async def load_if_unloaded(self) -> None:
-        """Load before queueing when the weights are out, so load_duration is measured."""
+        """Load before queueing when the weights are out, so load_duration is measured (a hosted
+        model was loaded by its lease: that wait is the load)."""
+        if self.st.lease is not None:
+            self.load_s, self.submit_s = self.st.lease.load_s, self.st.clock()
+            return
         if not self.st.engine.residency_status().loaded:
             t_s = self.st.clock()
             if not await anyio.to_thread.run_sync(self.st.engine.ensure_loaded):
@@ -151,12 +155,15 @@ def ollama_call(c: ParsedCall, index: int) -> dict[str, Any]:
 async def finish_keep_alive(st: ApiState, keep_alive_s: float | None) -> None:
     """Apply the request's keep-alive once it is over (0: the idle engine unloads now). Inline:
     it only stores the value and wakes the engine thread, which does any unloading itself."""
-    st.engine.set_keep_alive(keep_alive_s)
+    st.set_keep_alive(keep_alive_s)
 
 
 async def hold_loaded(st: ApiState) -> float | None:
     """Keep the model loaded while a request runs (an earlier `keep_alive: 0` would otherwise
-    unload it between the load and the submit); returns the keep-alive that was in force."""
+    unload it between the load and the submit); returns the keep-alive that was in force. A hosted
+    model is held by its lease already."""
+    if st.lease is not None:
+        return st.lease.model.keep_alive_s
     before_s = st.engine.residency_status().keep_alive_s
     await finish_keep_alive(st, None)
     return before_s
@@ -165,6 +172,8 @@ async def hold_loaded(st: ApiState) -> float | None:
 async def load_or_unload(st: ApiState, name: str, keep_alive_s: float | None,
                          shape: Callable[[str], dict[str, Any]]) -> Response:
     """An empty request: load the model (done_reason "load"), or unload it with keep_alive 0."""
+    if st.host is not None:
+        return await _host_load_or_unload(st, name, keep_alive_s, shape)
     if keep_alive_s == 0:
         await anyio.to_thread.run_sync(st.engine.unload)
         reason = "unload"
@@ -174,6 +183,27 @@ async def load_or_unload(st: ApiState, name: str, keep_alive_s: float | None,
             raise ModelLoadError(st.model_id, "the model could not be loaded; see the server log")
         reason = "load"
     await finish_keep_alive(st, keep_alive_s)
+    return JSONResponse({"model": name, "created_at": created_at(), **shape(""), "done": True,
+                         "done_reason": reason})
+
+
+async def _host_load_or_unload(st: ApiState, name: str, keep_alive_s: float | None,
+                               shape: Callable[[str], dict[str, Any]]) -> Response:
+    """Per model on a host: unload it now (or when its running requests end), or load it and set
+    its keep-alive. The load holds no lease past the answer."""
+    assert st.host is not None
+    host, key = st.host, st.resolve_name(untagged(st, name))
+    if keep_alive_s == 0:
+        await anyio.to_thread.run_sync(host.unload_model, key)
+        reason = "unload"
+    else:
+        def load() -> None:  # in the thread, whole: a client gone meanwhile leaves no lease behind
+            lease = host.acquire(key)
+            host.set_keep_alive(key, keep_alive_s)
+            lease.release()
+
+        await anyio.to_thread.run_sync(load)
+        reason = "load"
     return JSONResponse({"model": name, "created_at": created_at(), **shape(""), "done": True,
                          "done_reason": reason})
 
@@ -208,11 +238,18 @@ def stream_error(gen: Generation) -> dict[str, Any] | None:
     return None
 
 
+async def on_model(request: Request, st: ApiState, name: str, opts: Options) -> ApiState:
+    """The request's view of the model it names (loaded and leased, `ApiState.for_model`), with
+    `num_ctx` checked against that model's context."""
+    st = await st.for_model(request, name)
+    check_num_ctx(st, opts)
+    return st
+
+
 def common(st: ApiState, body: _Generating) -> tuple[Options, float | None]:
     """Checks every generating request gets first: name, refused fields, options, keep_alive."""
     served_name(st, body.model)
     body.refuse_unsupported()
     opts = body.options or Options()
-    opts.log_ignored()
-    check_num_ctx(st, opts)
+    opts.log_ignored()  # num_ctx is checked on the model's own engine, after `for_model`
     return opts, body.keep_alive_s(st.settings.keep_alive_s)

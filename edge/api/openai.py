@@ -42,6 +42,7 @@ from edge.api.generation import (
     template_info,
 )
 from edge.api.logprobs import chat_logprobs, completion_logprobs
+from edge.api.reasoning import ask_openai, plan_thinking, usage_details
 from edge.api.respond import INLINE_WORK_BYTES as INLINE_WORK_BYTES
 from edge.api.respond import json_body as _json_body
 from edge.api.schemas import ChatCompletionRequest, CompletionRequest, parse_body, request_body_doc
@@ -69,6 +70,7 @@ def _usage_json(u: Usage) -> dict[str, Any]:
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": usage_details(u),
     }
 
 
@@ -80,17 +82,18 @@ def _prepare_chat(
 ) -> tuple[Job, ToolPlan]:
     """Tool plan, template, grammar and tokens (in a worker thread for a big body)."""
     plan = plan_tools(body, info)
+    think = plan_thinking(st, ask_openai(body.model, body.model_extra or {}), info, st.engine.n_ctx)
     messages = template_messages(body.messages)
     if plan.tools is not None:
-        prompt = st.engine.render_chat(messages, tools=plan.tools)
+        prompt = st.engine.render_chat(messages, tools=plan.tools, **think.render_kwargs)
     else:
-        prompt = st.engine.render_chat(messages)
+        prompt = st.engine.render_chat(messages, **think.render_kwargs)
     sampling = sampling_for(body, plan.grammar or grammar_for(body.response_format))
     stop = with_turn_stops(body.stop_tuple(), info)
     job = prepare_job(st, prompt, add_bos=False, requested_max_tokens=body.requested_max_tokens(),
                       sampling=sampling, stop=stop, logprobs=body.logprobs_n(),
                       speculative=body.speculative, n_draft=body.n_draft)
-    return job, plan
+    return think.attach(job, prompt), plan
 
 
 @router.post("/v1/chat/completions", openapi_extra=request_body_doc(ChatCompletionRequest))
@@ -99,8 +102,8 @@ async def chat_completions(request: Request) -> Response:
     t0_s = st.clock()
     raw = await _json_body(request)
     body: ChatCompletionRequest = parse_body(ChatCompletionRequest, raw.data)
-    st.check_model(body.model)
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
+    st = await st.for_model(request, body.model)
     check_history(body.messages)
     job, plan = await raw.run(partial(_prepare_chat, st, body, template_info(st.engine)))
     gen = Generation(st, [job], priority, t0_s, stream=bool(body.stream))
@@ -148,6 +151,8 @@ class _ChatAnswer:
         owed: list[TokenLogprob] = []  # logprobs of tokens whose text is held back (a possible call)
         async for _, ev in g.events():
             owed.extend(ev.logprobs)
+            if ev.reasoning:  # the think block (llama-server's field)
+                yield _sse(self.chunk({"reasoning_content": ev.reasoning}, None))
             if not ev.text:
                 continue
             pieces = self.deltas(scanner.feed(ev.text)) if scanner is not None else [{"content": ev.text}]
@@ -172,6 +177,8 @@ class _ChatAnswer:
     def full(self, g: Generation) -> dict[str, Any]:
         out = g.outcomes[0]
         message: dict[str, Any] = {"role": "assistant", "content": out.text, "refusal": None}
+        if out.reasoning:
+            message["reasoning_content"] = out.reasoning
         finish = openai_finish(out.finish_reason)
         if self.plan.active:
             scanner = self.plan.scanner()
@@ -205,8 +212,8 @@ async def completions(request: Request) -> Response:
     t0_s = st.clock()
     raw = await _json_body(request)
     body: CompletionRequest = parse_body(CompletionRequest, raw.data)
-    st.check_model(body.model)
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
+    st = await st.for_model(request, body.model)
     prompts = body.prompts()
 
     def prepare() -> list[Job]:  # grammar conversion and tokenizing can be slow
@@ -284,20 +291,28 @@ class _CompletionAnswer:
 # --- models -------------------------------------------------------------------
 
 
-def _model_card(st: ApiState) -> dict[str, Any]:
+def _model_card(st: ApiState, loaded: bool = True) -> dict[str, Any]:
     """OpenAI's model object, plus which chat template renders chats (null until the model loaded)."""
-    info = template_info(st.engine)
+    info = template_info(st.engine) if loaded else None
     return {"id": st.model_id, "object": "model", "created": int(st.started_unix_s), "owned_by": "edge",
             "chat_template": info.as_json() if info is not None else None}
 
 
+def _cards(st: ApiState) -> list[dict[str, Any]]:
+    """One card per servable model; a hosted model's template shows once it is resident."""
+    if st.host is None:
+        return [_model_card(st)]
+    live = {h.ref.key: h.engine for h in st.host.resident() if h.engine is not None}
+    return [_model_card(st.view_of(ref, live.get(ref.key)), ref.key in live) for ref in st.host.names.all()]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(_state(request))]}
+    return {"object": "list", "data": _cards(_state(request))}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
     st = _state(request)
-    st.check_model(model_id)
-    return _model_card(st)
+    key = st.resolve_name(model_id)
+    return next(c for c in _cards(st) if c["id"] == key)

@@ -12,6 +12,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from edge import __version__
+from edge.api.build import running
+from edge.api.health_probe import probe
+from edge.api.reasoning import status as reasoning_status
 from edge.api.state import ApiState
 
 router = APIRouter()
@@ -41,6 +44,15 @@ def _plain(obj: Any) -> Any:
 async def health() -> dict[str, str]:
     """Liveness: the process answers. Readiness is /ready."""
     return {"status": "ok"}
+
+
+@router.get("/health/inference")
+async def health_inference(request: Request, model: str | None = None) -> Response:
+    """A real one-token generation (api/health_probe.py): 200 with its milliseconds, or 503."""
+    st = _state(request)
+    result = st.probes.add(await probe(st, request, model, st.settings.probe_timeout_s))
+    return JSONResponse(result.to_json(), status_code=200 if result.ok else 503,
+                        headers={} if result.ok else {"Retry-After": "1"})
 
 
 @router.get("/ready")
@@ -88,6 +100,7 @@ async def status(request: Request) -> dict[str, Any]:
     plan_json = _plain(plan) if plan is not None else None
     return {
         "version": __version__,
+        "build": running(),  # llama-cpp-python, llama.cpp commit and build, backends
         "model": {
             "id": st.model_id,
             "aliases": sorted(st.model_names),
@@ -115,5 +128,9 @@ async def status(request: Request) -> dict[str, Any]:
         "queue": _plain(st.admission.status()),
         "plan": plan_json,
         "scheduler": _plain(st.scheduler_status()),
+        "host": None if st.host is None else {
+            "memory_budget_bytes": st.host.budget_bytes, "resident_bytes": st.host.held_bytes(),
+            "models": st.host.status()},
         "balancer": balancer_status(st),
+        "reasoning": reasoning_status(st),  # the thinking budget in force, and why
     }

@@ -34,6 +34,7 @@ from edge.api.generation import (
     sampling_for,
     template_info,
 )
+from edge.api.reasoning import ask_responses, plan_thinking, usage_details
 from edge.api.respond import json_body
 from edge.api.responses_output import OutputBuilder
 from edge.api.responses_schemas import (
@@ -143,19 +144,22 @@ def _prepare(st: ApiState, body: ResponsesRequest, messages: list[ChatMessage],
     fmt = body.response_format()
     plan = plan_tool_calls(body.function_tools(), body.chat_tool_choice(), bool(body.parallel_tool_calls),
                            info, constrained_by="text.format" if fmt is not None else None, flat=True)
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    think = plan_thinking(st, ask_responses(body.model, effort, body.model_extra or {}), info,
+                          st.engine.n_ctx)
     rendered = template_messages(messages)
-    prompt = (st.engine.render_chat(rendered, tools=plan.tools) if plan.tools is not None
-              else st.engine.render_chat(rendered))
+    prompt = (st.engine.render_chat(rendered, tools=plan.tools, **think.render_kwargs)
+              if plan.tools is not None else st.engine.render_chat(rendered, **think.render_kwargs))
     sampling = sampling_for(body, plan.grammar or grammar_for(fmt, param="text.format"))
     job = prepare_job(st, prompt, add_bos=False, requested_max_tokens=body.max_output_tokens,
                       sampling=sampling, stop=with_turn_stops((), info), max_tokens_param="max_output_tokens",
                       speculative=body.speculative, n_draft=body.n_draft)
-    return job, plan
+    return think.attach(job, prompt), plan
 
 
 def _usage(u: Usage) -> dict[str, Any]:
     return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u.completion_tokens, "output_tokens_details": usage_details(u),
             "total_tokens": u.total_tokens}
 
 
@@ -171,7 +175,8 @@ def _echo(body: ResponsesRequest) -> dict[str, Any]:
         "model": body.model,
         "parallel_tool_calls": bool(body.parallel_tool_calls),
         "previous_response_id": body.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": body.reasoning.effort if body.reasoning is not None else None,
+                      "summary": None},
         "store": body.store is not False,
         "temperature": body.temperature if body.temperature is not None else defaults.temperature,
         "text": {"format": fmt.model_dump(exclude_none=True, by_alias=True) if fmt else {"type": "text"},
@@ -200,8 +205,8 @@ async def create_response(request: Request) -> Response:
     t0_s = st.clock()
     raw = await json_body(request)
     body = parse_responses_request(raw.data)
-    st.check_model(body.model)
     priority = parse_priority(request.headers.get(PRIORITY_HEADER))
+    st = await st.for_model(request, body.model)
     items, first_new = conversation(st, body)
     messages = to_messages(body.instructions, items, first_new)
     job, plan = await raw.run(partial(_prepare, st, body, messages, template_info(st.engine)))
@@ -241,6 +246,8 @@ class _ResponseAnswer:
         scanner = self.plan.scanner(stream_calls=True) if self.plan.active else None
         n_ended = 0
         async for _, ev in g.events():
+            for e in b.reasoning(ev.reasoning):  # the think block: one reasoning item first
+                yield _event(e)
             if ev.text:
                 evs, n_ended = b.feed(scanner.feed(ev.text) if scanner else [("content", ev.text)], n_ended)
                 for e in evs:
@@ -268,6 +275,7 @@ class _ResponseAnswer:
         b = OutputBuilder()
         scanner = self.plan.scanner(stream_calls=True) if self.plan.active else None  # as streamed
         text = g.outcomes[0].text
+        b.reasoning(g.outcomes[0].reasoning)
         b.feed(scanner.feed(text) + scanner.finish() if scanner else [("content", text)], 0)
         b.finish(g.outcomes[0].finish_reason is FinishReason.LENGTH)
         return self.done(g, b)

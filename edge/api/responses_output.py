@@ -5,13 +5,15 @@ streamed and a whole response, so both give the same output) and returns the Res
 stream events each step produces, each with its `sequence_number`:
 
     response.created, response.in_progress,
+    reasoning:   output_item.added, reasoning_text.delta..., reasoning_text.done, output_item.done
     per message: output_item.added, content_part.added, output_text.delta..., output_text.done,
                  content_part.done, output_item.done
     per call:    output_item.added, function_call_arguments.delta..., function_call_arguments.done,
                  output_item.done
     response.completed | response.incomplete | (error, response.failed)
 
-Text before a call is one message item, text after it another.
+Text before a call is one message item, text after it another; a think block is one reasoning
+item (its text as `reasoning_text` content, no summary) before them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class OutputBuilder:
     seq: int = 0
     output: list[dict[str, Any]] = field(default_factory=list)
     _msg: dict[str, Any] | None = None  # the open message item
+    _rs: dict[str, Any] | None = None  # the open reasoning item
     _calls: dict[int, int] = field(default_factory=dict)  # call index -> output index
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -40,11 +43,37 @@ class OutputBuilder:
         self.seq += 1
         return ev
 
+    # --- reasoning ---------------------------------------------------------------------------
+    def reasoning(self, delta: str) -> list[dict[str, Any]]:
+        if not delta:
+            return []
+        out: list[dict[str, Any]] = []
+        if self._rs is None:
+            self._rs = {"id": _id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                        "content": [{"type": "reasoning_text", "text": ""}]}
+            self.output.append(self._rs)
+            out.append(self.event("response.output_item.added", output_index=len(self.output) - 1,
+                                  item=_copy(self._rs)))
+        self._rs["content"][0]["text"] += delta
+        out.append(self.event("response.reasoning_text.delta", item_id=self._rs["id"],
+                              output_index=self._index(self._rs), content_index=0, delta=delta))
+        return out
+
+    def close_reasoning(self, status: str | None = None) -> list[dict[str, Any]]:
+        rs, self._rs = self._rs, None
+        if rs is None:
+            return []
+        index = self._index(rs)
+        rs["status"] = status or "completed"
+        return [self.event("response.reasoning_text.done", item_id=rs["id"], output_index=index,
+                           content_index=0, text=rs["content"][0]["text"]),
+                self.event("response.output_item.done", output_index=index, item=_copy(rs))]
+
     # --- text --------------------------------------------------------------------------------
     def text(self, delta: str) -> list[dict[str, Any]]:
         if not delta:
             return []
-        out: list[dict[str, Any]] = []
+        out = self.close_reasoning()
         if self._msg is None:
             self._msg = {"id": _id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
                          "content": []}
@@ -76,7 +105,7 @@ class OutputBuilder:
 
     # --- calls -------------------------------------------------------------------------------
     def call_start(self, start: CallStart) -> list[dict[str, Any]]:
-        out = self.close_text()
+        out = self.close_reasoning() + self.close_text()
         item = {"id": _id("fc"), "type": "function_call", "status": "in_progress", "arguments": "",
                 "call_id": start.id, "name": start.name}
         self.output.append(item)
@@ -121,7 +150,7 @@ class OutputBuilder:
     def finish(self, incomplete: bool) -> list[dict[str, Any]]:
         """Close what is open; items of a cut output are `incomplete`."""
         status = "incomplete" if incomplete else "completed"
-        out = self.close_text(status)
+        out = self.close_reasoning(status) + self.close_text(status)
         for item in self.output:
             if item["status"] == "in_progress":
                 item["status"] = status
@@ -137,6 +166,8 @@ class OutputBuilder:
             if it["type"] == "message":
                 items.append({"type": "message", "role": "assistant",
                               "content": [{"type": "output_text", "text": it["content"][0]["text"]}]})
+            elif it["type"] == "reasoning":
+                items.append({"type": "reasoning", "id": it["id"], "summary": []})
             else:
                 items.append({"type": "function_call", "call_id": it["call_id"], "name": it["name"],
                               "arguments": it["arguments"]})

@@ -2,8 +2,9 @@
 
 The same policy as the chat schemas (`edge.api.schemas`): supported fields are validated,
 fields that do not change the output are accepted and ignored, fields that would change it in
-a way edge cannot honour (built-in tools, background mode, reasoning effort, conversations,
-prompt templates) are a 400 naming the parameter. Input items are a tagged union on `type`
+a way edge cannot honour (built-in tools, background mode, conversations, prompt templates)
+are a 400 naming the parameter; `reasoning.effort` is a 400 only where the model cannot think
+(`edge.api.reasoning`). Input items are a tagged union on `type`
 (a message may omit it, as OpenAI's "easy" input message does).
 """
 
@@ -40,8 +41,6 @@ DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "max_tool_calls": (None,),
     "top_logprobs": (None, 0),
 }
-# Reasoning effort values that ask for no reasoning (what a non-reasoning model can do).
-NO_REASONING = (None, "none", "minimal")
 
 
 class _Item(BaseModel):
@@ -221,10 +220,7 @@ class ResponsesRequest(_Sampling):
 def parse_responses_request(data: Any) -> ResponsesRequest:
     """Validate the body, then the unsupported-parameter policy (400 naming the parameter)."""
     body = parse_model(ResponsesRequest, data)
-    check_extras(body, IGNORED, DEFAULT_ONLY)
-    if body.reasoning is not None and body.reasoning.effort not in NO_REASONING:
-        raise InvalidRequest(f"reasoning.effort {body.reasoning.effort!r}: the served model does not reason "
-                             "(send none, or leave reasoning out)", "reasoning.effort")
+    check_extras(body, IGNORED, DEFAULT_ONLY)  # reasoning.effort: edge.api.reasoning (the model decides)
     return body
 
 

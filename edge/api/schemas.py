@@ -49,9 +49,10 @@ DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "modalities": (None, ["text"]),
     "audio": (None,),
     "prediction": (None,),
-    "reasoning_effort": (None,),
     "web_search_options": (None,),
 }
+REASONING_PARAMS = frozenset({"reasoning_effort", "chat_template_kwargs", "reasoning_budget",
+                              "reasoning_format"})
 
 MAX_STOP = 16
 MAX_TOOLS = 128  # as OpenAI
@@ -329,7 +330,7 @@ def check_extras(model: BaseModel, ignored: frozenset[str] = IGNORED_PARAMS,
     """Reject non-default values of parameters we do not implement (400 naming the parameter);
     `ignored` ones pass, and so does any parameter sent as null."""
     for name, value in (model.model_extra or {}).items():
-        if name in ignored or value is None:
+        if name in ignored or name in REASONING_PARAMS or value is None:  # those: edge.api.reasoning
             continue
         if name in default_only:
             if value in default_only[name]:

@@ -15,15 +15,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import anyio
+
+from edge.api.audit import tally
+from edge.api.leases import lease_list
 from edge.api.metrics import ApiMetrics
+from edge.api.probe_record import ProbeRecord
 from edge.api.response_store import ResponseStore
 from edge.config import Settings
 from edge.errors import ModelNotFound
+from edge.host.models import Lease, ModelHost
+from edge.host.names import ModelRef
 from edge.runtime.types import EngineLike, EngineState, RequestHandleLike
 from edge.scheduler.admission import AdmissionLike
 from edge.scheduler.headroom import AgentWeight, agent_weight
@@ -83,6 +90,58 @@ class ApiState:
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
     model_path: Path | None = None  # the served GGUF file (Ollama's /api/show, /api/tags); None: unknown
     ollama_cache: dict[str, Any] = field(default_factory=dict)  # model facts read once (api/ollama_models)
+    host: ModelHost | None = None  # several models from one endpoint; None: `engine` is the one model
+    model_caches: dict[str, dict[str, Any]] = field(default_factory=dict)  # ollama_cache per hosted model
+    lease: Lease | None = None  # set in a request's view of a hosted model (`for_model`)
+    probes: ProbeRecord = field(default_factory=ProbeRecord)  # /health/inference and the prober
+
+    async def for_model(self, request: Any, name: str) -> ApiState:
+        """This state as one request sees it: `engine`, `model_*` and `plan` are those of the model
+        `name` names, held resident by a lease until the request ends (api/leases.py); the rest is
+        shared. Loads the model first if it is not resident (the wait is the request's queue time).
+        Without a host: checks the name against the one model (ModelNotFound) and returns self."""
+        if self.host is None:
+            self.check_model(name)
+            return self
+        host, leases = self.host, lease_list(request)
+
+        def take() -> Lease:  # the lease is recorded in the thread: a client gone meanwhile leaks none
+            lease = host.acquire(name)
+            leases.append(lease)
+            return lease
+
+        lease = host.acquire_resident(name)  # resident: no thread hop on the request's path
+        if lease is not None:
+            leases.append(lease)
+        else:
+            lease = await anyio.to_thread.run_sync(take)
+        ref = lease.model.ref
+        tally(model=ref.key)  # the audit line names the model this request ran on
+        return replace(self, engine=lease.engine, model_id=ref.key, model_names=ref.names,
+                       model_path=ref.path, plan=lease.model.plan,
+                       ollama_cache=self.model_caches.setdefault(ref.key, {}), lease=lease)
+
+    def view_of(self, ref: ModelRef, engine: EngineLike | None = None) -> ApiState:
+        """A hosted model's names, file and facts cache without a lease (listings: /api/tags,
+        /v1/models, /api/show); `engine` only where the model is resident."""
+        return replace(self, engine=engine if engine is not None else self.engine, model_id=ref.key,
+                       model_names=ref.names, model_path=ref.path,
+                       ollama_cache=self.model_caches.setdefault(ref.key, {}))
+
+    def resolve_name(self, name: str) -> str:
+        """The key of the model `name` names, without loading it (ModelNotFound, a 404, otherwise)."""
+        if self.host is None:
+            self.check_model(name)
+            return self.model_id
+        return self.host.names.resolve(name).key
+
+    def set_keep_alive(self, keep_alive_s: float | None) -> None:
+        """This request's model stays loaded for `keep_alive_s` once idle (None: forever; 0: unload
+        when idle). Hosted: the host's record, applied when the model's last lease ends."""
+        if self.host is not None and self.lease is not None:
+            self.host.set_keep_alive(self.model_id, keep_alive_s)
+        else:
+            self.engine.set_keep_alive(keep_alive_s)
 
     def check_model(self, name: str) -> None:
         """Ollama's tag for an untagged name ("x:latest", what /api/tags lists) is accepted on every

@@ -47,6 +47,13 @@ def _probe_backends() -> Any:
     return probe_backends()
 
 
+def _build_info() -> Any:
+    """Which llama.cpp build runs (`edge.runtime.build_info`; loaded lazily, as the backends are)."""
+    import edge.runtime
+
+    return edge.runtime.build_info()
+
+
 def report(
     root: Path = Path("/"),
     sysfs_root: Path | None = None,
@@ -57,9 +64,11 @@ def report(
     machine: Callable[[], str] = _platform.machine,
     backends: Callable[[], Any] | None = _probe_backends,
     runner: Any = None,
+    build: Callable[[], Any] | None = None,
     **probe_kw: Any,
 ) -> dict[str, Any]:
-    """Everything doctor shows, as a JSON-ready dict with stable keys (`backends` None: not probed)."""
+    """Everything doctor shows, as a JSON-ready dict with stable keys (`backends` None: not probed,
+    and then neither is the llama.cpp `build`)."""
     sys_root, proc_root = sysfs_root or root / "sys", procfs_root or root / "proc"
     kw: dict[str, Any] = dict(probe_kw, backends=backends)
     facts = probe_system(root, sys_root, proc_root, profile, system, machine, **kw)
@@ -69,6 +78,7 @@ def report(
         "platform": to_plain(facts.platform),
         "profile": _profile(facts, errors),
         "backends": _backends(facts),
+        "build": None if backends is None else (build or _build_info)().to_dict(),  # llama.cpp's
         "cpu": to_plain(facts.cpu),
         "memory": _memory(facts),
         "thermal": _thermal(facts),
@@ -243,6 +253,9 @@ def _render_host(r: dict[str, Any]) -> list[str]:
             f"backends   llama-cpp-python {be['llama_cpp_version']}: {', '.join(have)}; "
             f"gpu offload {'yes' if be.get('gpu_offload') else 'no'}"
         )
+    if (b := r.get("build")) and not b.get("error"):
+        lines.append(f"llama.cpp  build {b['llama_cpp_build']}, commit {b['llama_cpp_commit']}, "
+                     f"ggml {b['ggml_version']}; compiled in: {', '.join(b['backends'])}")
     quota = "none" if cpu["quota_cpus"] is None else f"{cpu['quota_cpus']:.2f} CPUs"
     lines.append(
         f"cpus       {cpu['logical'] or 'unknown'} logical, {cpu['usable'] or 'unknown'} usable, "

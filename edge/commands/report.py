@@ -1,6 +1,7 @@
 """`edge report [MODEL | --url URL] [--bench FILE.json] [--out DIR]`: a folder to keep.
 
-Writes DIR/report.md (default ./edge-report-<date>) with the hardware (`edge doctor`),
+Writes DIR/report.md (default ./edge-report-<date>; DIR-2, DIR-3 ... when DIR is taken: a report
+never writes over an older one) with the hardware (`edge doctor`),
 the model (`edge inspect`), the memory plan (`edge plan`), the settings and the bench
 results with PNG plots, plus the raw bench.json and facts.json beside it. The results
 come from --bench FILE (a document of `edge bench http --json`), or the report runs
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -27,8 +29,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_load_args(p)
     p.add_argument("--bench", type=Path, default=None, metavar="FILE.json",
                    help="results of `edge bench http --json FILE` instead of running the ladder")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default ./edge-report-<date>)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default ./edge-report-<date>; OUT-2, OUT-3 ... if it exists)")
     p.set_defaults(func=run)
+
+
+def fresh_dir(base: Path) -> Path:
+    """`base`, else base-2, base-3 ...: the first that is new (or an empty folder), created here,
+    so a second report the same day (or into the same --out) never overwrites the first."""
+    for n in itertools.count(1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            if path.is_dir() and not any(path.iterdir()):
+                return path
+    raise AssertionError("unreachable")
 
 
 def load_bench(path: Path) -> dict[str, Any]:
@@ -101,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         model = _model_path(args, doc)
     except EdgeError as exc:
         return reported(exc)
-    out = args.out or Path(f"edge-report-{today}")
+    out = fresh_dir(args.out or Path(f"edge-report-{today}"))
     path = write(out, doc, collect_facts(args, doc, model), today)
     print(f"report written to {path}")
     if args.bench is None and doc["failed_requests"]:

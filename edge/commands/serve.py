@@ -8,30 +8,38 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from edge.commands._common import add_settings_args, settings_from_args
+from edge.commands._common import add_ops_args, add_settings_args, settings_from_args
+from edge.commands.deployments import record_start
 from edge.config import Settings
 from edge.contracts.options import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_FLASH_ATTN,
     DEFAULT_PROMPT_CACHE_MIB,
+    DEFAULT_REASONING_BUDGET,
+    DEFAULT_REASONING_FORMAT,
     DEFAULT_SLOTS,
     DEFAULT_SPECULATIVE,
     FLASH_ATTN_KINDS,
+    REASONING_FORMATS,
     SPECULATIVE_MODES,
 )
 from edge.runtime.types import EngineLike
-from edge.service.launch import bind_api_key, build_scheduler, choose_model, open_engine
+from edge.service.launch import bind_api_key, build_scheduler, open_host
 
 log = logging.getLogger("edge.serve")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    p.add_argument("model", nargs="?", default=None, help="store name or .gguf path (default: default_model)")
+    p.add_argument("model", nargs="*", default=None,
+                   help="models to load at start: store names or .gguf paths (default: default_model); "
+                   "every model in the store is served too, loaded on first use")
     _add_server_args(p)
+    _add_host_args(p)
     _add_device_args(p)
     _add_model_args(p)
     p.add_argument("--no-scheduler", action="store_true", help="plain bounded queue, no thermal control")
+    add_ops_args(p)  # --audit-log, --state-dir (read by settings_from_args)
     add_settings_args(p)
     p.set_defaults(func=run)
 
@@ -52,6 +60,24 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
                    help="HAProxy agent check port: answers the box's weight from its headroom (default off)")
     p.add_argument("--agent-host", default=None,
                    help="agent check bind address (default 127.0.0.1; others need an API key)")
+
+
+def _add_host_args(p: argparse.ArgumentParser) -> None:
+    """The model host: what the resident models may hold together, and for how long."""
+    p.add_argument("--memory-budget", default=None, metavar="BYTES", dest="memory_budget_bytes",
+                   help="memory the resident models may hold together, e.g. 1300M or 4G (default: the "
+                   "memory available at start minus the reserve); idle models are unloaded to make room")
+    p.add_argument("--keep-alive", default=None, metavar="DURATION", dest="keep_alive_s",
+                   help="unload a model after this idle time, e.g. 5m, 1h, 0, -1 for never (default 5m)")
+    p.add_argument("--pin", action="append", default=None, metavar="MODEL",
+                   help="never unload MODEL, to make room or after idle time (repeatable)")
+    p.add_argument("--probe-interval", type=float, default=None, metavar="S", dest="probe_interval_s",
+                   help="while idle, a one-token inference probe every S seconds; the systemd watchdog is "
+                   "fed only while probes pass (default 60; 0: off)")
+    p.add_argument("--probe-timeout", type=float, default=None, metavar="S", dest="probe_timeout_s",
+                   help="a probe with no token within S seconds fails: /health/inference 503 (default 10)")
+    p.add_argument("--lazy", action="store_true",
+                   help="load no model at start (not even the default): each loads on its first request")
 
 
 def _add_device_args(p: argparse.ArgumentParser) -> None:
@@ -106,6 +132,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help=f"flash attention (default {DEFAULT_FLASH_ATTN}: llama.cpp's choice; fastest: timed "
                    "both ways on this device once and the faster kept, greedy output may then vary with "
                    "batching)")
+    p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default=None,
+                   help=f"keep a think block apart from the answer (default {DEFAULT_REASONING_FORMAT}: the "
+                   "template's markers; none: the text as written)")
+    p.add_argument("--reasoning-budget", type=int, default=None, metavar="N",
+                   help=f"thinking tokens before edge closes the block (default {DEFAULT_REASONING_BUDGET}: "
+                   "unlimited; shrunk under a thermal or power cut or on a low battery)")
 
 
 # settings field <- argparse dest, where the two names differ (every other flag has the field's name)
@@ -115,7 +147,8 @@ _SETTINGS_FROM_FLAGS = (
     "power_budget_w", "battery_reserve_pct", "battery_power_budget_w", "sysfs_root", "procfs_root",
     "api_key_file", "insecure", "drain_timeout_s", "chat_template", "embedding_model", "agent_port",
     "agent_host", "sim_ambient_file", "speculative", "draft_model", "draft_max", "flash_attn",
-    "prompt_cache_mib",
+    "prompt_cache_mib", "memory_budget_bytes", "keep_alive_s", "pin", "probe_interval_s", "probe_timeout_s",
+    "reasoning_format", "reasoning_budget",
 )
 
 
@@ -132,24 +165,38 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     api_key = bind_api_key(settings)
     agent_at = agent_bind(settings, keyed=api_key is not None)
-    choice = choose_model(args.model, settings)
-    engine, plan = open_engine(choice.path, settings)
-    scheduler = None if args.no_scheduler else build_scheduler(settings, engine, plan=plan)
-    app = create_app(
-        settings,
-        engine,
-        scheduler,
-        model_id=choice.model_id,
-        model_aliases=choice.aliases,
-        api_key=api_key or "",
-        plan=plan,
-        model_path=choice.path,
-    )
-    return _serve(app, settings, engine, scheduler, agent_at, auth=bool(api_key),
-                  verbose=bool(getattr(args, "verbose", False)), model_path=choice.path)
+    host, first = open_host(args.model or [None], settings, preload=not args.lazy)
+    preload = Preload(host)  # the weights load while the API is built: nothing waits for imports
+    record_start(settings, [first.path])  # deployments/<UTC time>.json: what this start runs
+    scheduler = None if args.no_scheduler else build_scheduler(settings, host)
+    app = create_app(settings, host, scheduler, model_id=first.model_id, model_aliases=first.aliases,
+                     api_key=api_key or "", model_path=first.path, host=host)
+    return _serve(app, settings, preload, scheduler, agent_at, auth=bool(api_key),
+                  verbose=bool(getattr(args, "verbose", False)), model_path=first.path)
 
 
-def _serve(app: Any, settings: Settings, engine: EngineLike, scheduler: object,
+class Preload:
+    """`engine.start()` (the models named at start) on its own thread from the moment the host
+    exists; `wait()` returns what it raised, if anything."""
+
+    def __init__(self, engine: EngineLike) -> None:
+        self.engine = engine
+        self.error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, name="edge-preload", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.engine.start()
+        except Exception as exc:
+            self.error = exc
+
+    def wait(self, timeout_s: float | None = None) -> Exception | None:
+        self._thread.join(timeout_s)
+        return self.error
+
+
+def _serve(app: Any, settings: Settings, preload: Preload, scheduler: object,
            agent_at: tuple[str, int] | None, *,
            auth: bool, verbose: bool, model_path: Path) -> int:
     """Run uvicorn until it stops while the model loads in a thread (so /health answers at once);
@@ -158,7 +205,7 @@ def _serve(app: Any, settings: Settings, engine: EngineLike, scheduler: object,
     from edge.service.notify import Notifier
     from edge.service.server import EdgeServer, make_config
 
-    state = app.state.edge
+    state, engine = app.state.edge, preload.engine
     agent = None if agent_at is None else AgentServer(state.balancer_weight, *agent_at)
     server = EdgeServer(
         make_config(app, settings.host, settings.port, "debug" if verbose else "info"),
@@ -170,7 +217,7 @@ def _serve(app: Any, settings: Settings, engine: EngineLike, scheduler: object,
     )
     stop = threading.Event()
     loader = threading.Thread(
-        target=_load, args=(engine, scheduler, stop, server), name="edge-load", daemon=True
+        target=_load, args=(preload, scheduler, stop, server), name="edge-load", daemon=True
     )
     loader.start()
     log.info("serving %s on http://%s:%d (auth %s)", model_path, settings.host, settings.port,
@@ -184,12 +231,12 @@ def _serve(app: Any, settings: Settings, engine: EngineLike, scheduler: object,
     return server.exit_code
 
 
-def _load(engine: EngineLike, scheduler: object, stop: threading.Event, server: object) -> None:
-    """Load the model while the HTTP side already answers /health and /ready (503 loading)."""
-    try:
-        engine.start()
-    except Exception as exc:
-        server.fail(f"model load failed: {exc}")  # type: ignore[attr-defined]
+def _load(preload: Preload, scheduler: object, stop: threading.Event, server: object) -> None:
+    """Wait for the models named at start while the HTTP side already answers /health and /ready
+    (503 loading); the server fails when one of them cannot load."""
+    error = preload.wait()
+    if error is not None:
+        server.fail(f"model load failed: {error}")  # type: ignore[attr-defined]
         return
     if scheduler is not None and not stop.is_set():
         scheduler.start_thread(stop)  # type: ignore[attr-defined]

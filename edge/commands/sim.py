@@ -5,7 +5,10 @@ per scenario, the best constant setting that never throttles (and, under a power
 budget, keeps every 10 s average within budget + 5 %) and reports the tokens
 `edge` delivers as a fraction of it. Power scenarios (power-7w, unplugged,
 supply-sag) and sensor faults (rail-stuck, noisy-lag, fan-stuck) report energy,
-tokens per joule and the worst 10 s average power against the budget.
+tokens per joule and the worst 10 s average power against the budget. chat+embed-hot hosts
+two models (a chat model and an embedding model) and adds their columns: embeddings done
+and seconds the models' threads exceeded what the policy allows the box. `--list` names
+every scenario.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from edge.sim.throughput import DEFAULT_CALIBRATION, ThroughputModel, load_throu
 
 POWER_KEYS = ("avg_power_w", "energy_j", "tokens_per_j", "worst_window_ratio", "worst_transition_ratio",
               "windows_over_budget", "max_10s_avg_power_w", "supply_over_s", "battery_end_pct")
+HOST_KEYS = ("embed_inputs", "embed_requests", "threads_over_allowance_s", "max_threads_in_use",
+             "both_busy_s")  # two resident models (multimodel.py)
 JSON_KEYS = ("scenario", "policy", "tokens", "max_temp_c", "seconds_above_limit_minus_3",
              "seconds_hw_throttled", "p50_token_latency_s", "p99_token_latency_s",
              "interactive_p99_ttft_s", "oom_events")
@@ -32,6 +37,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sim", help="simulate policies on a simulated device (deterministic)",
                               description=__doc__)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per scenario x policy")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--duration-s", type=float, default=1800.0, help="simulated seconds per run")
     p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all")
     p.add_argument("--policy", action="append", choices=POLICIES, help="repeatable; default all")
@@ -55,6 +61,11 @@ def _fmt(v: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.list:
+        width = max(map(len, SCENARIOS))
+        for sc in SCENARIOS.values():
+            print(f"{sc.name.ljust(width)}  {sc.description}")
+        return 0
     tp = load_throughput(args.calibration)
     scenarios = args.scenario or list(SCENARIOS)
     policies = args.policy or list(POLICIES)
@@ -90,9 +101,11 @@ def _row(m: RunMetrics, profile: str, seed: int) -> dict[str, Any]:
     row.update({k: m.extra[k] for k in ("spec_drafted", "spec_accepted") if k in m.extra})
     row.update(profile=profile, seed=seed, lost_without_error=m.lost_without_error,
                shed_with_error=m.shed_with_error, rejected_with_error=m.rejected_with_error)
-    row.update({k: m.extra[k] for k in POWER_KEYS if k in m.extra})
+    row.update({k: m.extra[k] for k in (*POWER_KEYS, *HOST_KEYS) if k in m.extra})
     if "unloaded_interactive_p99_ttft_s" in m.extra:
         row["unloaded_interactive_p99_ttft_s"] = m.extra["unloaded_interactive_p99_ttft_s"]
+    if "reasoning_budget" in m.extra:
+        row["reasoning_budget"] = m.extra["reasoning_budget"]
     return row
 
 
@@ -126,6 +139,8 @@ def _print_table(rows: list[dict[str, Any]], *, multi_seed: bool) -> None:
              "p99_tok", "p99_ttft", "oom", "lost"]
     if multi_seed:
         cols, heads = ["seed", *cols], ["seed", *heads]
+    if any("embed_inputs" in r for r in rows):  # two resident models: embeddings and threads in use
+        cols, heads = [*cols, "embed_inputs", "threads_over_allowance_s"], [*heads, "embed_in", "s_thr>allow"]
     table = [heads] + [[_fmt(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(heads))]
     for line in table:
@@ -140,6 +155,11 @@ def _edge_notes(r: dict[str, Any]) -> list[str]:
         notes.append(f"{where}: power avg {_fmt(r['avg_power_w'])} W, "
                      f"worst 10 s window {_fmt(r['worst_window_ratio'])} x budget (across a budget step "
                      f"{_fmt(r['worst_transition_ratio'])}), {_fmt(r['tokens_per_j'])} tokens/J")
+    think = r.get("reasoning_budget")
+    if think and think["shrunk_s"] > 0:
+        base, end = ("unlimited" if think[k] is None else think[k] for k in ("base_tokens", "tokens"))
+        notes.append(f"{where}: thinking budget cut for {think['shrunk_s']:.0f} s, down to "
+                     f"{think['min_tokens']} tokens (from {base}); at the end: {end} ({think['reason']})")
     if "unloaded_interactive_p99_ttft_s" in r:
         notes.append(f"{where}: edge interactive p99 TTFT "
                      f"{_fmt(r['interactive_p99_ttft_s'])} s vs unloaded "

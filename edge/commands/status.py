@@ -76,7 +76,24 @@ def summarize(s: dict[str, Any]) -> str:
     bal = s.get("balancer")
     if bal:
         lines.append(balancer_line(bal))
+    lines.extend(host_lines(s.get("host")))
     return "\n".join(lines)
+
+
+def host_lines(host: dict[str, Any] | None) -> list[str]:
+    """The model host: the budget, and one line per model it has seen (state, size, requests, use)."""
+    if not host:
+        return []
+    out = [f"memory    {host['resident_bytes'] >> 20} of {host['memory_budget_bytes'] >> 20} MiB budget "
+           "held by resident models"]
+    for m in host.get("models") or []:
+        ago = m.get("last_used_s_ago")
+        used = f"used {ago:.0f} s ago" if ago is not None else "never used"
+        extra = f", {m['waiting_for_load']} waiting for its load" if m.get("waiting_for_load") else ""
+        err = f", last load failed: {m['error']}" if m.get("error") else ""
+        out.append(f"  {m['model']:<28} {m['state']:<9} {m['planned_bytes'] >> 20:>5} MiB, "
+                   f"{m['requests']} requests{extra}, {used}{' (pinned)' if m.get('pinned') else ''}{err}")
+    return out
 
 
 def balancer_line(bal: dict[str, Any]) -> str:

@@ -87,3 +87,6 @@ class EngineStats:
     prompt_cache_bytes: int = 0  # their size
     prompt_cache_restored: int = 0  # restored into a slot instead of evaluated again, cumulative
     attention: str = ""  # how that was chosen (setting, measured at load or on an earlier start, ...)
+    # memory a load in flight is about to take (the model host's planned bytes of loading models):
+    # not in MemAvailable yet, so the memory guard subtracts it
+    loading_bytes: int = 0

@@ -34,6 +34,13 @@ DEFAULT_SLOTS = 4  # sequences that may share one batch
 DEFAULT_N_CTX = 4096  # context where nothing else decides (no plan, no n_ctx_train in the GGUF)
 STEP_TOKEN_BUDGET = 256  # tokens one step evaluates beside running streams
 DEFAULT_PROMPT_CACHE_MIB = 256  # host memory for idle prompt caches moved out of the KV cache
+# context per slot where the setting leaves it to the planner: a model host keeps several models
+# resident, and a context sized to "all the memory there is" would leave none for the next one
+DEFAULT_CTX_PER_SLOT = 4096
+
+# --- the model host ---------------------------------------------------------------------------
+
+DEFAULT_KEEP_ALIVE_S = 300.0  # an idle model unloads after 5 minutes, as Ollama's
 
 # --- sampling and request bounds: what the engine enforces and both APIs declare ------------
 
@@ -43,3 +50,12 @@ TEMPERATURE_MAX = 2.0
 REPEAT_PENALTY_MAX = 10.0  # > 0; 1 disables
 PENALTY_ABS_MAX = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI
+
+# --- thinking models: reasoning kept apart from the answer (llama-server's flag meanings) -----
+
+# auto: the chat template's family; deepseek: think tags into reasoning; deepseek-legacy: also
+# left in the content; none: no parsing, the text as the model wrote it
+ReasoningFormat = Literal["auto", "none", "deepseek", "deepseek-legacy"]
+REASONING_FORMATS: tuple[str, ...] = get_args(ReasoningFormat)
+DEFAULT_REASONING_FORMAT: ReasoningFormat = "auto"
+DEFAULT_REASONING_BUDGET = -1  # thinking tokens before edge closes the block itself; -1: unlimited

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge.config import DeviceProfile, Settings, resolve_profile
+from edge.contracts.options import DEFAULT_CTX_PER_SLOT
 from edge.errors import InsufficientMemory
 from edge.runtime.engine.config import EngineConfig
 
@@ -68,6 +69,13 @@ def plan_for(
     return Path(path), plan
 
 
+def reserve_for(settings: Settings, prof: DeviceProfile | None) -> int:
+    """Memory left free for the OS and other programs: the setting, else the profile's."""
+    if settings.memory_reserve_bytes is not None:
+        return settings.memory_reserve_bytes
+    return prof.memory_reserve_bytes if prof is not None else DEFAULT_RESERVE_BYTES
+
+
 def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, available_bytes: int,
              gpu_available_bytes: int | None = None, draft: GGUFInfo | None = None) -> MemoryPlan:
     """The one settings-to-engine sizing: what the engine is built with and what `edge plan`
@@ -75,9 +83,7 @@ def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, ava
     model's file (--speculative draft), planned beside the served one."""
     from edge.planner import plan_memory
 
-    reserve = settings.memory_reserve_bytes
-    if reserve is None:
-        reserve = prof.memory_reserve_bytes if prof is not None else DEFAULT_RESERVE_BYTES
+    reserve = reserve_for(settings, prof)
     gpu_layers: int | str = settings.gpu_layers
     if gpu_layers == "auto" and prof is not None:
         gpu_layers = prof.gpu_layers
@@ -98,6 +104,7 @@ def size_for(info: GGUFInfo, settings: Settings, prof: DeviceProfile | None, ava
             n_outputs_max=settings.slots * (1 if settings.speculative == "off" else 1 + settings.draft_max),
             draft=draft,
             flash_attn=flash_attn,
+            n_ctx_max=DEFAULT_CTX_PER_SLOT * settings.slots,
         )
 
     plan = plan_with(settings.n_ctx, gpu_layers, settings.flash_attn != "off")
@@ -148,25 +155,30 @@ def engine_config(
 ) -> tuple[EngineConfig, MemoryPlan]:
     """Resolve `model_ref` (path or store name), validate it, plan memory and size an engine by
     the plan. Raises ConfigError, ModelNotFound, InvalidGGUF, InsufficientMemory,
-    DraftVocabMismatch. `available_bytes` replaces the memory probe (tests)."""
-    template = template_choice(settings)
+    DraftVocabMismatch. `available_bytes` replaces the memory probe (tests, the model host's budget)."""
+    template_choice(settings)  # a bad template fails before any file is read
     probe = {"available_bytes": available_bytes} if available_bytes is not None else {}
     path, plan = plan_for(model_ref, settings, **probe)
     if not plan.fits:
         raise InsufficientMemory(plan.total_bytes, plan.available_bytes, f"{path.name} ({plan.reason})")
+    return config_from_plan(path, plan, settings), plan
+
+
+def config_from_plan(path: Path, plan: MemoryPlan, settings: Settings) -> EngineConfig:
+    """The engine a fitting plan sizes: context, KV type and GPU layers from the plan, the rest
+    from the settings (template, speculation, caches, keep-alive)."""
     embed = _checked_file(settings.embedding_model, settings) if settings.embedding_model else None
     # host memory for stashed prompt caches: the setting, within what the plan leaves free
     prompt_cache = min(settings.prompt_cache_mib << 20, max(0, plan.available_bytes - plan.total_bytes))
-    config = EngineConfig(
+    return EngineConfig(
         model_path=path, n_ctx=plan.n_ctx, n_slots=settings.slots, n_threads=settings.threads,
         n_batch=settings.n_batch, kv_type=plan.kv_type, n_gpu_layers=plan.n_gpu_layers,
-        chat_template=template, keep_alive_s=settings.keep_alive_s, embedding_model=embed,
+        chat_template=template_choice(settings), keep_alive_s=settings.keep_alive_s, embedding_model=embed,
         speculative=settings.speculative, draft_max=settings.draft_max,
         draft_model=draft_model_for(path, settings), flash_attn=settings.flash_attn,
         flash_attn_off_fits=plan.attn_free,
         prompt_cache_bytes=prompt_cache,
     )
-    return config, plan
 
 
 def build_engine(

@@ -37,8 +37,10 @@ if TYPE_CHECKING:
     from edge.runtime.engine.config import EngineConfig
     from edge.runtime.engine.core import Engine
     from edge.runtime.engine.handle import RequestHandle
+    from edge.runtime.llama.build import BuildInfo, build_info
 
 __all__ = [
+    "BuildInfo",
     "CompletionResult",
     "Engine",
     "EngineConfig",
@@ -52,17 +54,20 @@ __all__ = [
     "SamplingParams",
     "TokenEvent",
     "Usage",
+    "build_info",
 ]
 
 _LAZY = {
     "Engine": "edge.runtime.engine.core",
     "EngineConfig": "edge.runtime.engine.config",
     "RequestHandle": "edge.runtime.engine.handle",
+    "BuildInfo": "edge.runtime.llama.build",  # which llama.cpp runs (/api/version, doctor)
+    "build_info": "edge.runtime.llama.build",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """Load the llama.cpp-backed classes on first use, so importing types stays light."""
+    """Load the llama.cpp-backed names on first use, so importing types stays light."""
     if name in _LAZY:
         import importlib
 

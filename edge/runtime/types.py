@@ -18,6 +18,7 @@ from edge.contracts.options import MAX_TOP_LOGPROBS  # noqa: F401  (re-exported:
 
 if TYPE_CHECKING:
     from edge.runtime.text.chat_template import TemplateInfo
+    from edge.runtime.text.reasoning import ReasoningSpec
 
 
 class FinishReason(str, Enum):
@@ -63,6 +64,8 @@ class GenerationRequest:
     # refuses it where the context cannot roll back). n_draft caps the drafted tokens per step.
     speculative: bool | None = None
     n_draft: int | None = None
+    # a think block to keep apart from the answer, and its budget (runtime/step/think.py); None: none
+    reasoning: ReasoningSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens reused from the KV cache (prefix reuse)
+    reasoning_tokens: int = 0  # completion tokens spent inside the think block (markers included)
 
     @property
     def total_tokens(self) -> int:
@@ -96,6 +100,7 @@ class TokenEvent:
     usage: Usage | None = None  # set on the last event
     error: Exception | None = None  # set when finish_reason is ERROR
     logprobs: tuple[TokenLogprob, ...] = ()  # the tokens since the last event, when asked for
+    reasoning: str = ""  # think-block text (requests with a ReasoningSpec); `text` is then the answer
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,8 @@ class EngineLike(Protocol):
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...  # any thread
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None) -> str: ...
+                    tools: list[dict[str, Any]] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> str: ...
 
     @property
     def chat_template_info(self) -> TemplateInfo | None: ...  # None until the model was loaded

@@ -19,6 +19,7 @@ from edge.contracts.engine import EngineState, EngineStats, Knobs
 from edge.scheduler.admission import Admission
 from edge.scheduler.controller import decide
 from edge.scheduler.headroom import limits_of
+from edge.scheduler.reasoning import ThinkingBudget, thinking_budget
 from edge.scheduler.state import (
     ControlInput,
     ControllerConfig,
@@ -68,6 +69,8 @@ class SchedulerLike(Protocol):
 
     def limits(self) -> tuple[LimitHeadroom, ...]: ...
 
+    def reasoning_budget(self, base_tokens: int | None) -> ThinkingBudget: ...  # in force now
+
     def start_thread(self, stop_event: threading.Event) -> threading.Thread: ...
 
 
@@ -84,8 +87,13 @@ class SchedulerLoop:
         wait: Callable[[threading.Event, float], object] | None = None,
         logger: logging.Logger = log,
         device_status: Callable[[], dict[str, Any]] | None = None,
+        reasoning_budget_tokens: int | None = None,
     ) -> None:
         self.monitor = monitor
+        self.reasoning_base_tokens = reasoning_budget_tokens  # --reasoning-budget (None: unlimited)
+        self.thinking_shrunk_s = 0.0  # time the thinking budget was cut (scheduler/reasoning.py)
+        self.thinking_min_tokens: int | None = None  # the smallest budget in force so far
+        self._thinking_prev: tuple[float, bool] | None = None  # (t_s, shrunk) at the last tick
         self.device_status = device_status  # a simulated device's own account, for /v1/status
         self.log = logger  # `edge sim` passes a quieter one: it makes thousands of decisions a second
         self.engine = engine
@@ -149,6 +157,9 @@ class SchedulerLoop:
         now_s = self.clock.monotonic() if now_s is None else now_s
         inp = self._read(now_s)
         stats = self._stats()
+        if stats is not None and stats.loading_bytes and inp.mem_available_bytes is not None:
+            # a model host's load in flight: its bytes are spoken for, though not taken yet
+            inp = replace(inp, mem_available_bytes=max(0, inp.mem_available_bytes - stats.loading_bytes))
         decision, self.state = decide(inp, self._queue(stats), stats, self.state, self.config)
         prev = self.decision
         if prev is None or decision.knobs != prev.knobs:
@@ -182,8 +193,29 @@ class SchedulerLoop:
             self._unload(decision)
         self._account_energy(now_s, inp, stats)
         self.decision, self.reading = decision, inp
+        self._note_thinking(now_s)
         self.ticks += 1
         return decision
+
+    def reasoning_budget(self, base_tokens: int | None) -> ThinkingBudget:
+        """The thinking budget in force under the last decision, from the configured `base_tokens`
+        (None or -1: unlimited)."""
+        return thinking_budget(base_tokens, self.decision)
+
+    def _note_thinking(self, now_s: float) -> None:
+        """How long the thinking budget has been cut, and its smallest value (status, `edge sim`)."""
+        b = self.reasoning_budget(self.reasoning_base_tokens)
+        if self._thinking_prev is not None and self._thinking_prev[1]:
+            self.thinking_shrunk_s += max(0.0, now_s - self._thinking_prev[0])
+        self._thinking_prev = (now_s, b.shrunk)
+        if b.tokens is not None and (self.thinking_min_tokens is None or b.tokens < self.thinking_min_tokens):
+            self.thinking_min_tokens = b.tokens
+
+    def thinking_status(self) -> dict[str, Any]:
+        """The budget in force and why, with the time it was cut and its smallest value."""
+        now = self.reasoning_budget(self.reasoning_base_tokens)
+        return {**now.as_dict(), "shrunk_s": round(self.thinking_shrunk_s, 1),
+                "min_tokens": self.thinking_min_tokens}
 
     def _account_energy(self, now_s: float, inp: ControlInput, stats: EngineStats | None) -> None:
         """Integrate power over the time it was known (left rectangle); count the tokens alongside."""
@@ -259,6 +291,7 @@ class SchedulerLoop:
             "evictions": self.evictions,
             "sim_device": self._sim_status(),
             "power": self._power_status(r, d),
+            "reasoning_budget": self.thinking_status(),
         }
 
     def _power_status(self, r: ControlInput | None, d: Decision | None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import ipaddress
 import logging
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -21,6 +21,7 @@ from edge.errors import ConfigError
 from edge.runtime.types import EngineLike
 
 if TYPE_CHECKING:
+    from edge.host.models import ModelHost
     from edge.planner import MemoryPlan
     from edge.scheduler.loop import SchedulerLoop
     from edge.sim.device import SimulatedSource
@@ -100,6 +101,25 @@ def open_engine(path: Path, settings: Settings) -> tuple[EngineLike, MemoryPlan]
     from edge.host.loading import build_engine
 
     return build_engine(path, settings)
+
+
+def open_host(refs: Sequence[str | None], settings: Settings, *,
+              preload: bool = True) -> tuple[ModelHost, ModelChoice]:
+    """The model host `serve` runs: the store plus the models named (pulled first where they are
+    catalog names not pulled yet, as `choose_model` does) and the embeddings model, all loaded at
+    start by `host.start()`; and the first model named."""
+    from edge.host.build import build_host
+    from edge.host.names import ModelRef
+
+    choices = [choose_model(r, settings) for r in refs]
+    from edge.host.loading import draft_model_for
+
+    for c in choices:  # a draft model that cannot serve a model named is a startup error (exit 2)
+        draft_model_for(c.path, settings)
+    if settings.embedding_model:
+        choices.append(choose_model(settings.embedding_model, settings))
+    given = [ModelRef(c.model_id, c.path, c.aliases) for c in choices]
+    return build_host(settings, given, preload=preload), choices[0]
 
 
 def device_profile(settings: Settings) -> DeviceProfile | None:
@@ -199,7 +219,8 @@ def build_scheduler(
     scale = dev.scale
     wait = None if scale == 1.0 else (lambda ev, t_s: ev.wait(t_s / scale))
     return SchedulerLoop(monitor, engine, clock=dev.clock, config=config, admission=admission, wait=wait,
-                         device_status=dev.sim.status if dev.sim is not None else None)
+                         device_status=dev.sim.status if dev.sim is not None else None,
+                         reasoning_budget_tokens=settings.reasoning_budget)
 
 
 def _calibration(settings: Settings, sim: SimulatedSource | None) -> ThroughputModel | None:

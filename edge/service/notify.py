@@ -120,6 +120,7 @@ async def watchdog_loop(
     stall_s: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     max_beats: int | None = None,
+    probes_pass: Callable[[], bool] = lambda: True,
 ) -> int:
     """Ping while healthy; runs on the server's event loop so a blocked loop also stops pings.
 
@@ -136,6 +137,8 @@ async def watchdog_loop(
             ok, why = engine_healthy(engine.stats(), clock(), stall_s)
         except Exception as exc:  # stats() itself failing is unhealthy
             ok, why = False, f"engine stats failed: {exc!r}"
+        if ok and not probes_pass():  # the last inference probe got no token (api/health_probe.py)
+            ok, why = False, "the last inference probe failed"
         if ok:
             notifier.watchdog()
             beats += 1

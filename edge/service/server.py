@@ -24,6 +24,7 @@ from edge.runtime.types import EngineLike, EngineState
 from edge.service.agent import AgentServer
 from edge.service.drain import DrainResult, drain
 from edge.service.notify import Notifier, watchdog_loop
+from edge.service.prober import probe_loop
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +84,19 @@ class EdgeServer(uvicorn.Server):
             except OSError as exc:
                 self.fail(f"agent check on {self.agent.host}:{self.agent.port}: {exc}")
         if self.notifier.watchdog_s:
-            self._tasks.append(
-                asyncio.create_task(watchdog_loop(self.notifier, self.engine, time.monotonic, self.stall_s))
-            )
+            self._tasks.append(asyncio.create_task(watchdog_loop(
+                self.notifier, self.engine, time.monotonic, self.stall_s,
+                probes_pass=lambda: self.state.probes.passing)))
+        interval_s = self.state.settings.probe_interval_s
+        if interval_s > 0:
+            self._tasks.append(asyncio.create_task(probe_loop(self.state, interval_s)))
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_requested and not any(t.get_name() == "drain" for t in self._tasks):
             self._tasks.append(asyncio.create_task(self._drain(), name="drain"))
-        if not self.ready_sent and self.started and self.engine.state is EngineState.READY:
+        # UNLOADED: a model host with nothing resident yet (`--lazy`) serves by loading on demand
+        if not self.ready_sent and self.started and self.engine.state in (EngineState.READY,
+                                                                          EngineState.UNLOADED):
             self.ready_sent = True
             self.notifier.ready(f"serving {self.state.model_id}")
             log.info("ready: serving %s", self.state.model_id)

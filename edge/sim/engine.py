@@ -32,6 +32,7 @@ from edge.runtime.step.plan import (
     plan_step,
     waiting_for_plan,
 )
+from edge.sim.physics import DeviceLoad
 from edge.sim.throughput import ThroughputModel
 from edge.sim.workloads import SimRequest
 
@@ -181,6 +182,14 @@ class SimEngine:
             return 0, self.knobs.n_threads, 0.0, 0
         return self.active_now, self.knobs.n_threads, self.knobs.duty, self.knobs.off_threads
 
+    def metrics(self) -> dict[str, float | int]:
+        """What a run reports of the engine itself."""
+        return {"unloads": self.unloads}
+
+    def loads(self) -> tuple[DeviceLoad, ...]:
+        """Its work as the device's loads (`SimulatedDevice.set_loads`): one engine, one load."""
+        return (DeviceLoad(*self.load()),)
+
     def step(self, now_s: float, dt_s: float, clock_factor: float,
              free_cores: float | None = None) -> StepResult:
         res = StepResult()
@@ -196,16 +205,10 @@ class SimEngine:
         plan = self._plan()
         active = [r for r in self.slots if r.seq_id in set(plan.active)]
         self.active_now = len(active)
-        # compute time this step: `duty` of it at n_threads, the rest idle or at off_threads
+        phases = compute_phases(k, dt_s, clock_factor, free_cores)
         mixed = k.off_threads > 0 and k.duty < 1.0
-        def contended(threads: int) -> float:  # another process holds a core some threads need
-            return CONTENDED_SPEED if free_cores is not None and threads > free_cores + 0.5 else 1.0
-
-        phases = [(k.n_threads, dt_s * k.duty * clock_factor * contended(k.n_threads))]
-        if mixed:
-            phases.append((k.off_threads, dt_s * (1.0 - k.duty) * clock_factor * contended(k.off_threads)))
         # compute seconds per wall second
-        speed = (clock_factor if mixed else k.duty * clock_factor) * contended(k.n_threads)
+        speed = (clock_factor if mixed else k.duty * clock_factor) * contention(k.n_threads, free_cores)
         if not active or speed <= 0:
             self.last_step_tokens, self.last_step_s = 0, dt_s
             return res
@@ -281,6 +284,23 @@ class SimEngine:
                     req.done = True
             elapsed_s += span_s
         return elapsed_s
+
+
+def contention(threads: int, free_cores: float | None) -> float:
+    """Speed of `threads` threads when only `free_cores` cores are free (another process, or
+    another resident model's engine, holds the rest): those beyond wait at every barrier."""
+    return CONTENDED_SPEED if free_cores is not None and threads > free_cores + 0.5 else 1.0
+
+
+def compute_phases(k: Knobs, dt_s: float, clock_factor: float,
+                   free_cores: float | None) -> list[tuple[int, float]]:
+    """(threads, compute seconds) a tick of `dt_s` gives: `duty` of it at n_threads, the rest
+    at off_threads (or idle), each slowed by the clock and by contention for the cores."""
+    phases = [(k.n_threads, dt_s * k.duty * clock_factor * contention(k.n_threads, free_cores))]
+    if k.off_threads > 0 and k.duty < 1.0:
+        phases.append((k.off_threads,
+                       dt_s * (1.0 - k.duty) * clock_factor * contention(k.off_threads, free_cores)))
+    return phases
 
 
 def _key(req: SimRequest) -> tuple[int, int]:

@@ -27,11 +27,12 @@ from edge.contracts.device import DeviceProfile
 from edge.contracts.engine import Knobs, Priority
 from edge.errors import EdgeError
 from edge.scheduler.admission import Admission, Ticket
-from edge.scheduler.loop import SchedulerLoop
+from edge.scheduler.loop import ControlledEngine, SchedulerLoop
 from edge.scheduler.state import ControllerConfig, config_for_device
 from edge.sim.device import SimulatedDevice, SimulatedSource
 from edge.sim.engine import SimEngine
 from edge.sim.metrics import RunMetrics, weighted_percentile
+from edge.sim.multimodel import SimHost
 from edge.sim.policies import ConstantPolicy, Policy, ThresholdPolicy
 from edge.sim.power import PowerPlan, PowerWindows
 from edge.sim.throughput import ThroughputModel
@@ -71,6 +72,7 @@ class Scenario:
     hog_until: float | None = None  # ... and when it exits
     baseline_workload: str | None = None  # unloaded variant for the TTFT comparison
     power: PowerPlan | None = None  # budgets, battery, supply and sensor faults (sim/power.py)
+    embed_model: bool = False  # an embedding model resident beside the chat model (multimodel.py)
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -84,6 +86,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              hog_at=0.3, hog_until=0.7),
     Scenario("neighbour", "chat", "6 chat users; a busy process takes one core from 30% to 70%",
              neighbour_at=0.3, neighbour_until=0.7),
+    Scenario("chat+embed-hot", "chat+embed", "2 models: 2 chat users on one, an indexer's embeddings on the "
+             "other, 35 C", ambient_c=35.0, baseline_workload="chat+idle-embed", embed_model=True),
 )}
 # Power-limited scenarios and sensor faults (budgets as idle + frac x (max - idle) of the profile)
 POWER_SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -124,8 +128,8 @@ def controller_config(profile: DeviceProfile, tp: ThroughputModel) -> Controller
                              footprint_bytes=MODEL_BYTES + KV_BYTES_PER_CELL * KV_CELLS_TOTAL)
 
 
-def control_loop(source: SimulatedSource, engine: SimEngine, clock: ManualClock, profile: DeviceProfile,
-                 config: ControllerConfig, admission: Admission) -> SchedulerLoop:
+def control_loop(source: SimulatedSource, engine: ControlledEngine, clock: ManualClock,
+                 profile: DeviceProfile, config: ControllerConfig, admission: Admission) -> SchedulerLoop:
     """The production control path on a manual clock: the shipped Monitor and SchedulerLoop."""
     monitor = Monitor(source, clock=clock, profile=profile)
     return SchedulerLoop(monitor, engine, clock=clock, config=config, admission=admission, logger=SIM_LOG)
@@ -151,9 +155,11 @@ class _Run:
         self.plan.start(self.device, duration_s)
         if scenario.ambient_c is not None:
             self.device.ambient_c = self.device.die_c = self.device.sink_c = scenario.ambient_c
-        self.engine = SimEngine(tp, N_SLOTS, Knobs(N_SLOTS, tp.max_threads, 1.0), MODEL_BYTES,
-                                KV_BYTES_PER_CELL, KV_CELLS_TOTAL, draft_max)
         guarded = policy == "edge"
+        engine = SimEngine(tp, N_SLOTS, Knobs(N_SLOTS, tp.max_threads, 1.0), MODEL_BYTES, KV_BYTES_PER_CELL,
+                           KV_CELLS_TOTAL, draft_max)
+        self.engine: SimEngine | SimHost = engine if not scenario.embed_model else SimHost.beside(
+            engine, MODEL_BYTES, KV_BYTES_PER_CELL, share=guarded)  # edge's host shares the knobs
         self.admission = Admission(
             MAX_QUEUE, stats_provider=self.engine.stats if guarded else None, n_slots=N_SLOTS,
             scheduled=guarded, clock=self.clock, reserve_bytes=profile.memory_reserve_bytes if guarded else 0)
@@ -188,7 +194,7 @@ class _Run:
 
     def _send(self, req: SimRequest, t: float) -> None:
         try:
-            ticket = self.admission.admit(req.priority, req.prompt_tokens, req.client.gen_range[1])
+            ticket = self.admission.admit(req.priority, *req.claim)
         except EdgeError as err:
             self.m.rejected_with_error += 1
             self._retry(req, t + _retry_after_s(err))
@@ -279,7 +285,7 @@ class _Run:
             for req in res.finished:
                 self._finish(req, t + DT_S)
             self.latencies.extend(res.latencies)
-            dev.set_load(*eng.load())
+            dev.set_loads(eng.loads())
             dev.set_engine_memory(eng.resident_bytes())
             dev.step(DT_S)
             if eng.up and dev.check_oom():
@@ -306,13 +312,13 @@ class _Run:
         m.interactive_p99_ttft_s = weighted_percentile(self.ttfts, 0.99)
         m.unanswered_at_end = len(eng.waiting) + len(eng.slots) + len(self.retries)
         m.tokens += sum(int(r.generated) for r in eng.slots)  # streamed to users when the run stops
-        m.extra["unloads"] = eng.unloads
+        m.extra.update(eng.metrics())  # unloads; with two models, embeddings and threads in use
         self._power_metrics()
         if self.loop is not None:
             m.extra["throttle_decisions"] = self.loop.state.mode.value
             m.extra["throttle_events"] = dict(self.loop.throttle_events)
+            m.extra["reasoning_budget"] = self.loop.thinking_status()  # scheduler/reasoning.py's rule
         return m
-
 
     def _power_metrics(self) -> None:
         """Energy and tokens per joule always; the 10 s window ratios where a budget was in force."""

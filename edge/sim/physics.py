@@ -9,7 +9,8 @@ faults). The physics is deliberately simple and documented so results can be che
   is why the controller forecasts instead of reacting to the current value.
 * power: P = P_idle + (P_max - P_idle) * f * clock^1.5, with f the utilisation of
   the running work (sequences, threads, duty, off-duty threads) from the measured
-  throughput model.
+  throughput model; several engines at once (a model host's resident models) add up,
+  capped at the whole box.
 * hardware throttling: at the passive trip the clock drops to `throttle_clock`
   (tokens slow down and power falls); it recovers below trip - hysteresis.
 * memory: total - OS base - engine - hog; PSI avg10 values are 10 s exponential
@@ -25,6 +26,7 @@ faults). The physics is deliberately simple and documented so results can be che
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,6 +77,7 @@ class SimulatedDevice:
         self.die_c = profile.ambient_c
         self.sink_c = profile.ambient_c
         self.load = DeviceLoad()
+        self.co_loads: tuple[DeviceLoad, ...] = ()  # other engines' work on the box (more resident models)
         self.hw_throttled = False
         self.shut_down = False  # reached the critical trip; halted until it cools
         self.critical_events = 0
@@ -104,6 +107,12 @@ class SimulatedDevice:
     def set_load(self, active: int, threads: int, duty: float = 1.0, off_threads: int = 0) -> None:
         self.load = DeviceLoad(max(0, active), max(1, threads), min(1.0, max(0.0, duty)), max(0, off_threads))
 
+    def set_loads(self, loads: Sequence[DeviceLoad]) -> None:
+        """Every engine's work at once: the first is `load`, the others `co_loads`."""
+        first = loads[0] if loads else DeviceLoad()
+        self.set_load(first.active, first.threads, first.duty, first.off_threads)
+        self.co_loads = tuple(loads[1:])
+
     def set_engine_memory(self, mem_bytes: int) -> None:
         self.engine_bytes = max(0, mem_bytes)
 
@@ -120,8 +129,8 @@ class SimulatedDevice:
 
     @property
     def utilisation(self) -> float:
-        ld = self.load
-        engine = self.throughput.utilisation(ld.active, ld.threads, ld.duty, ld.off_threads)
+        engine = sum(self.throughput.utilisation(ld.active, ld.threads, ld.duty, ld.off_threads)
+                     for ld in (self.load, *self.co_loads))
         return min(1.0, engine + self.neighbour_cores / max(1, self.cores))
 
     @property

@@ -34,10 +34,17 @@ class SimRequest:
     on_start: Callable[[], None] | None = None  # admission's ticket.start, called when it takes a slot
     seq_id: int = -1  # the engine slot it holds (-1: none)
     accept_rate: float = 0.0  # chance a prompt-lookup guess of its next token holds (speculation)
+    inputs: int = 0  # an embeddings request: its inputs (prompt_tokens all of them; 0: a generation)
 
     @property
     def kv_cells(self) -> int:
         return int(self.prefilled) + int(self.generated)
+
+    @property
+    def claim(self) -> tuple[int, int]:
+        """(prompt tokens, max tokens) it claims at admission: an embeddings request claims none
+        of the generation KV cache (its context is its own), as the API admits it."""
+        return (0, 0) if self.inputs else (self.prompt_tokens, self.client.gen_range[1])
 
 
 @dataclass
@@ -70,6 +77,17 @@ class Client:
         return rng.uniform(lo, hi)
 
 
+@dataclass
+class EmbedClient(Client):
+    """Embeddings requests of `inputs` inputs, each of `prompt_range` tokens; nothing generated."""
+
+    inputs: int = 8
+
+    def make(self, rng: random.Random, rid: int, first_try_s: float) -> SimRequest:
+        tokens = sum(rng.randint(*self.prompt_range) for _ in range(self.inputs))
+        return SimRequest(rid, self, self.priority, tokens, 0, first_try_s, inputs=self.inputs)
+
+
 # Per-token acceptance of prompt-lookup guesses, from edge's own counters on the bench's
 # workloads (Qwen2.5 0.5B, greedy): code rewritten 0.80, a summary that quotes its document
 # ~0.6; free-form chat guesses rarely hold. Used only when the simulation speculates.
@@ -95,9 +113,19 @@ def batch_job(concurrency: int = 4, start_s: float = 0.0) -> list[Client]:
                    start_s=start_s + 0.3 * i, accept_rate=SUMMARY_ACCEPT) for i in range(concurrency)]
 
 
+def indexer(inputs: int = 8, start_s: float = 1.0) -> list[Client]:
+    """A background indexer for a local Q&A box: embeddings of document chunks (48-128 tokens
+    each, `inputs` per request), one request after another."""
+    return [EmbedClient("indexer", Priority.BACKGROUND, (48, 128), (0, 0), (0.5, 2.0), start_s=start_s,
+                        inputs=inputs)]
+
+
 WORKLOADS = {
     "chat": lambda: chat_users(6),
     "burst": lambda: bursts(period_s=75.0, size=10) + chat_users(1, think_s=(6.0, 12.0)),
     "background": lambda: batch_job(4) + chat_users(1, think_s=(8.0, 15.0), start_s=2.0),
     "interactive-only": lambda: chat_users(1, think_s=(8.0, 15.0), start_s=2.0),
+    # two resident models (Scenario.embed_model): chat users on one, the indexer on the other
+    "chat+embed": lambda: chat_users(2, think_s=(5.0, 12.0)) + indexer(),
+    "chat+idle-embed": lambda: chat_users(2, think_s=(5.0, 12.0)),  # the same users, no embeddings
 }

@@ -221,6 +221,7 @@ def run_bench(
     config = EngineConfig(Path(model_path), n_ctx=2048, n_slots=4, n_threads=n_threads)  # serve's step budget
     engine = Engine(config)
     engine.start()
+    engine.wait_for_probes(600.0)  # probes measured after ready would run beside the baselines
     assert engine.model is not None
     lb = llama_bench_path if llama_bench_path is not None and llama_bench_path.is_file() else None
     try:

@@ -29,9 +29,17 @@ def cli_cmd(*args: str) -> list[str]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A free port: any, or the first free one of `EDGE_E2E_PORTS=LO-HI` (a machine that shares
+    its loopback ports between several runs gives each its own range)."""
+    lo, _, hi = os.environ.get("EDGE_E2E_PORTS", "").partition("-")
+    for port in range(int(lo), int(hi) + 1) if lo and hi else [0]:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise OSError(f"no free port in EDGE_E2E_PORTS={lo}-{hi}")
 
 
 @dataclass

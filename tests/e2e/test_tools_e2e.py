@@ -49,7 +49,7 @@ def _check_call(call: Any) -> dict[str, Any]:
 def test_tool_call_round_trip(server: LiveServer, client: openai.OpenAI) -> None:
     card = httpx.get(server.url + "/v1/models").json()["data"][0]
     assert card["chat_template"] == {"source": "model", "name": None, "tools": True, "tool_format": "hermes",
-                                     "stop": []}
+                                     "stop": [], "thinking": None}
     first = client.chat.completions.create(
         model=card["id"], messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=60)
     choice = first.choices[0]

@@ -5,6 +5,7 @@ the context runs the kind that won, and a setting or a quantized cache decides a
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,34 +20,39 @@ def _engine(path: Path, **kw: object) -> Engine:
     return Engine(EngineConfig(path, n_ctx=1024, n_slots=2, n_threads=2, **kw))  # type: ignore[arg-type]
 
 
-def test_measured_once_then_reused(smollm2_path: Path, tmp_path: Path,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_measured_once_after_ready_then_reused(smollm2_path: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path))
-    calls: list[bool] = []
-    real = attention.measure
+    calls: list[tuple[bool, str]] = []
+    real, go = attention.probe, threading.Event()
 
     def counting(model, n_threads, flash_attn, n_verify=0):  # type: ignore[no-untyped-def]
-        calls.append(flash_attn)
-        return real(model, n_threads, flash_attn, n_verify)
+        assert go.wait(120.0)
+        calls.append((flash_attn, threading.current_thread().name))
+        return (yield from real(model, n_threads, flash_attn, n_verify))
 
-    monkeypatch.setattr(attention, "measure", counting)
+    monkeypatch.setattr(attention, "probe", counting)
     with _engine(smollm2_path, speculative="ngram", flash_attn="fastest") as eng:
+        assert (eng.stats().attention, eng.stats().flash_attn) == ("on until measured", True)
+        assert not calls  # ready, and nothing timed yet
+        go.set()
+        assert eng.wait_for_probes(120.0)  # timed in idle turns after ready
         first = eng.stats()
-        assert first.attention == "measured at load" and first.flash_attn in (True, False)
+        assert first.attention == "measured after start" and first.flash_attn in (True, False)
         text = eng.complete("The capital of France is", max_tokens=8, temperature=0.0).text
-    assert sorted(calls) == [False, True]  # both kinds timed, on the engine thread, once
+    assert sorted(calls) == [(False, "edge-engine"), (True, "edge-engine")]  # both kinds, once, there
     doc = json.loads((tmp_path / attention.VERDICTS_FILE).read_text())
     (verdict,) = doc.values()
     assert verdict["flash_attn"] == first.flash_attn
     assert verdict["verify_s"] > verdict["step_s"] > 0  # speculating: a 9-row verify step was timed
     with _engine(smollm2_path, speculative="ngram", flash_attn="fastest") as eng:
-        again = eng.stats()
+        again = eng.stats()  # opened with the verdict: nothing owed
         assert (again.attention, again.flash_attn) == ("measured on an earlier start", first.flash_attn)
         assert eng.complete("The capital of France is", max_tokens=8, temperature=0.0).text == text
     assert len(calls) == 2  # nothing timed the second time
     # no verify steps: another question
     with _engine(smollm2_path, speculative="off", flash_attn="fastest") as eng:
-        assert eng.stats().attention == "measured at load"
+        assert eng.wait_for_probes(120.0) and eng.stats().attention == "measured after start"
     assert len(calls) == 4
 
 
@@ -54,10 +60,13 @@ def test_a_setting_or_a_quantized_cache_decides_without_measuring(
         smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path))
 
-    def never(*_a: object, **_k: object) -> attention.AttnTiming:
+    measured: list[object] = []
+
+    def never(*a: object, **_k: object) -> attention.AttnTiming:
+        measured.append(a)  # (a raise alone would only be logged: the probe is an idle-time task)
         raise AssertionError("measured although the choice was not free")
 
-    monkeypatch.setattr(attention, "measure", never)
+    monkeypatch.setattr(attention, "probe", never)
     for setting, want in (("on", True), ("off", False)):
         with _engine(smollm2_path, flash_attn=setting) as eng:
             st = eng.stats()
@@ -70,7 +79,8 @@ def test_a_setting_or_a_quantized_cache_decides_without_measuring(
         assert eng.stats().attention == "llama.cpp auto"
     with _engine(smollm2_path) as eng:  # the default
         assert (eng.stats().attention, eng.stats().flash_attn) == ("llama.cpp auto", None)
-    assert not (tmp_path / attention.VERDICTS_FILE).exists()
+        assert eng.wait_for_probes(120.0)
+    assert not measured and not (tmp_path / attention.VERDICTS_FILE).exists()
 
 
 ASK = [{"role": "user", "content": "Name a colour."}]

@@ -89,6 +89,7 @@ def test_completions_string_list_and_tokens(client_engine: tuple[TestClient, Scr
         "completion_tokens": 2,
         "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
     r = client.post("/v1/completions", json={"model": "scripted-model", "prompt": [5, 6, 7], "max_tokens": 1})
     assert r.status_code == 200

@@ -97,6 +97,11 @@ class FakeScheduler:
     def limits(self) -> tuple:
         return ()
 
+    def reasoning_budget(self, base_tokens: int | None) -> Any:
+        from edge.scheduler.reasoning import thinking_budget
+
+        return thinking_budget(base_tokens, None)
+
     def status(self) -> dict[str, Any]:
         return {
             "decision": {"mode": "limiting", "reason": "hot", "active_limit": 1, "paused": False},

@@ -25,6 +25,11 @@ class LimitScheduler:
     def status(self) -> dict[str, Any]:
         return {}
 
+    def reasoning_budget(self, base_tokens: int | None) -> Any:
+        from edge.scheduler.reasoning import thinking_budget
+
+        return thinking_budget(base_tokens, None)
+
     def start_thread(self, stop_event: Any) -> Any:
         raise AssertionError("not started in unit tests")
 

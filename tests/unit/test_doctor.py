@@ -19,6 +19,7 @@ TOP_KEYS = {
     "platform",
     "profile",
     "backends",
+    "build",
     "cpu",
     "memory",
     "thermal",
@@ -38,6 +39,17 @@ FAKE_BACKEND = SimpleNamespace(
     libraries=("libggml-cuda.so",),
     error=None,
 )
+
+
+FAKE_BUILD = SimpleNamespace(to_dict=lambda: {
+    "llama_cpp_python": "0.3.36", "llama_cpp_build": "unknown", "llama_cpp_commit": "abc1234",
+    "ggml_version": "0.9.0", "backends": ["cpu", "cuda"], "error": None})
+
+
+@pytest.fixture(autouse=True)
+def _no_llama_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The llama.cpp build is a fake too: these tests never load llama.cpp."""
+    monkeypatch.setattr(doctor, "_build_info", lambda: FAKE_BUILD)
 
 
 def linux() -> str:
@@ -98,6 +110,7 @@ def test_json_output_through_the_cli(
     assert r["cpu"]["quota_cpus"] == 1.5
     assert r["telemetry"]["source"] == "linux"
     assert r["telemetry"]["sample"]["memory_pressure"] == "heavy"
+    assert r["build"]["llama_cpp_commit"] == "abc1234" and r["build"]["backends"] == ["cpu", "cuda"]
 
 
 def test_text_output_shows_zones_trips_and_telemetry(
@@ -110,6 +123,7 @@ def test_text_output_shows_zones_trips_and_telemetry(
     assert "telemetry  jetson" in out
     assert "power 7.5 W" in out
     assert "cuda" in out and "gpu offload yes" in out
+    assert "llama.cpp  build unknown, commit abc1234, ggml 0.9.0; compiled in: cpu, cuda" in out
 
 
 def test_broken_box_prints_unknowns_and_problems(

@@ -50,3 +50,14 @@ def test_entries_a_step_restores_are_neither_replaced_nor_evicted() -> None:
     h.put([7], b"d" * 60, keep=set(keys.values()))  # room only by evicting kept ones: not kept itself
     assert {e.tokens for e in h.entries.values()} == {(1, 2, 3), (4, 5, 6), (1, 2, 3, 4)}
     assert h.take(keys[(1, 2, 3)]) is not None and h.take(12345) is None
+
+
+def test_an_unload_keeps_only_the_most_recent_entries_within_its_share() -> None:
+    h = HostCache(budget_bytes=1000)
+    for i in range(4):
+        h.put([i], bytes(100))
+    h.take(next(iter(h.entries)))  # the oldest was just restored: the most recent now
+    h.shrink(250)
+    assert sorted(e.tokens for e in h.entries.values()) == [(0,), (3,)] and h.used_bytes == 200
+    h.shrink(0)
+    assert not h.entries and h.used_bytes == 0

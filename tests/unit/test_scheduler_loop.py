@@ -261,3 +261,18 @@ def test_limits_follow_the_last_decision_for_ready_and_the_balancer() -> None:
     hot = loop.tick()
     assert hot.mode is ThermalMode.GUARD and loop.limits()[0].blocking
     assert [lim.kind for lim in loop.limits()] == [LimitKind.THERMAL, LimitKind.MEMORY]
+
+
+def test_a_model_load_in_flight_counts_against_available_memory() -> None:
+    """The model host's loading bytes are spoken for before MemAvailable shows them taken."""
+
+    class LoadingEngine(ScriptedEngine):
+        def stats(self) -> EngineStats:
+            return replace(super().stats(), loading_bytes=3 << 30)
+
+    engine = LoadingEngine(n_slots=2, autostep=False)
+    engine.start()
+    mon = ScriptedMonitor([Reading(0, 40.0, mem_available_bytes=4 << 30)])
+    loop = SchedulerLoop(mon, engine, ManualClock(), CFG)
+    loop.tick(1.0)
+    assert loop.reading is not None and loop.reading.mem_available_bytes == 1 << 30

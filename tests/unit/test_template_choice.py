@@ -166,7 +166,8 @@ def test_inspect_reports_the_template_in_use(tmp_path: Path, capsys: pytest.Capt
     data = json.loads(out)
     assert data["chat_template"] is False
     assert data["chat_template_in_use"] == {"source": "name", "name": "chatml-tools", "tools": True,
-                                            "tool_format": "hermes", "stop": ["<|im_end|>", "<|im_start|>"]}
+                                            "tool_format": "hermes", "stop": ["<|im_end|>", "<|im_start|>"],
+                                            "thinking": None}
     qwen = write_tiny_model(tmp_path / "qwen.gguf", chat_template=QWEN25)
     rc, out, _ = _inspect(capsys, str(qwen))
     assert "template in use model's own (tools: hermes)" in out

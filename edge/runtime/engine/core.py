@@ -42,6 +42,7 @@ from edge.runtime.step.loop import SampleHook, StepLoop
 from edge.runtime.step.plan import admission_key
 from edge.runtime.step.sequence import Sequence as Seq
 from edge.runtime.step.sequence import StepPerf, empty_stats
+from edge.runtime.step.think import think_state
 from edge.runtime.text import chat_template as templates
 from edge.runtime.types import (
     MAX_TOP_LOGPROBS,
@@ -113,8 +114,13 @@ class Engine:
         self.load()
         self._thread = threading.Thread(target=self._thread_body.run, name="edge-engine", daemon=True)
         self._thread.start()
-        self._thread_body.ready.wait()  # warmed up and calibrated: /ready may say so now
+        self._thread_body.ready.wait()  # warmed up (probes run later, when idle): /ready may say so now
         self._box.set_state(EngineState.PAUSED if self._knobs.paused else EngineState.READY)
+
+    def wait_for_probes(self, timeout_s: float | None = None) -> bool:
+        """Wait until the probes deferred past `ready` (engine/startup.py) have run, e.g. before a
+        benchmark whose baseline runs beside the engine. True when none is owed."""
+        return self._thread_body.startup.idle.finished.wait(timeout_s)
 
     def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Refuse new work; let running requests finish for up to `drain_timeout_s`; then fail
@@ -189,15 +195,16 @@ class Engine:
         return None if t is None else templates.describe(t, self._template_choice)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None) -> str:
+                    tools: list[dict[str, Any]] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
         """Render with the model's template. The text starts with the BOS text exactly when the
         model wants a BOS, so submit it with `add_bos=False` (a double BOS is removed anyway).
         `tools` (HF convention: [{"type": "function", "function": {...}}]) reaches the template
-        as its `tools` variable."""
+        as its `tools` variable; `template_kwargs` (e.g. `enable_thinking`) as theirs."""
         model = self._need_model()
         template = self.residency.template
         assert template is not None
-        extra = {"tools": tools} if tools is not None else {}
+        extra = {**(template_kwargs or {}), **({"tools": tools} if tools is not None else {})}
         text = template.render(messages, add_generation_prompt, **extra)
         bos = template.bos_token
         if model.add_bos and bos and not text.startswith(bos):
@@ -244,10 +251,14 @@ class Engine:
             raise InvalidRequest(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
         check_speculation(request, self.draft_max, self.residency.spec_blocker, self._spec_mode)
         validate_sampling(request.sampling, model.n_vocab)
+        think = think_state(request.reasoning, lambda text: model.tokenize(text, add_bos=False))
+        if think is not None and think.budget is not None and think.budget < 0:
+            raise InvalidRequest(f"reasoning budget must be >= 0 tokens, got {think.budget}",
+                                 "reasoning_budget")
         sampler = build_sampler(request.sampling, model.vocab, model.n_vocab)
         handle = RequestHandle(request.request_id or uuid.uuid4().hex, on_cancel=self._box.poke_cancel)
         key = admission_key(request.priority, next(self._arrival))
-        return Seq(request, prompt, sampler, handle, key, self._clock.monotonic(), on_start)
+        return Seq(request, prompt, sampler, handle, key, self._clock.monotonic(), on_start, think)
 
     def embed(self, inputs: Sequence[str | list[int]], truncate: bool = False) -> EmbedJob:
         """L2-normalised embeddings of `inputs` (texts or token ids), computed on the engine

@@ -89,6 +89,11 @@ class HostCache:
         self.entries.clear()
         self.used_bytes = 0
 
+    def shrink(self, keep_bytes: int) -> None:
+        """Least recently used entries out until at most `keep_bytes` stay (an unload keeps a few)."""
+        while self.entries and self.used_bytes > max(0, keep_bytes):
+            self._drop(min(self.entries.values(), key=lambda e: e.last_used))
+
     def _drop(self, e: Entry) -> None:
         del self.entries[e.key]
         self.used_bytes -= len(e.data)

@@ -1,51 +1,42 @@
 """Residency: the loaded model and context, keep-alive unloading, and reloading on demand.
 
-A small box that serves a chat now and then should not hold a model's memory all
-day: after `keep_alive_s` without work the engine thread frees the context (KV
-cache, compute buffers) and the weights, and keeps only a vocabulary-only model
-(a few MiB) so that tokenization and chat rendering, which the API does before
-queueing, keep working. The next request is queued as usual; the engine thread
-sees work while unloaded, reloads (the request simply waits), and carries on. A
-failed reload fails the waiting requests with ModelLoadError and leaves the engine
-UNLOADED so a later request retries (memory may have been freed meanwhile).
+A small box that serves a chat now and then should not hold a model's memory all day: after
+`keep_alive_s` without work the engine thread frees the context (KV cache, compute buffers)
+and the weights, keeping what tokenization and chat rendering need (the API does both before
+queueing): the model with its weights' pages given back to the page cache where every weight
+is computed from the file mapping (llama/pages.py), else a vocabulary-only model. The next
+request is queued as usual; the engine thread sees work while unloaded, reloads (the request
+waits), and carries on. A failed reload fails the waiting requests with ModelLoadError and
+leaves the engine UNLOADED so a later request retries (memory may have been freed meanwhile).
 
-The engine owns keep-alive, on the engine's clock; the scheduler only asks for an
-unload under a memory emergency (`Engine.unload()`).
-
-Everything that frees or replaces the context runs on the engine thread. `lock`
-orders model swaps against `submit`/`tokenize` on other threads, so no thread
-uses a model while it is freed.
+The engine owns keep-alive, on the engine's clock; the scheduler only asks for an unload under
+a memory emergency (`Engine.unload()`). Everything that frees or replaces the context runs on
+the engine thread. `lock` orders model swaps against `submit`/`tokenize` on other threads, so
+no thread uses a model while it is freed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from edge.clock import Clock
 from edge.contracts.options import DEFAULT_FLASH_ATTN, FlashAttn
 from edge.errors import EngineStopped, ModelLoadError
 from edge.runtime.embed.embedder import Embedder
-from edge.runtime.llama import attention
+from edge.runtime.embed.models import EmbedModels
+from edge.runtime.llama import attention, pages
 from edge.runtime.llama.attention import AttnTiming
 from edge.runtime.llama.batch import Batch
 from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
+from edge.runtime.llama.probe_cache import build_identity
 from edge.runtime.spec.config import rollback_blocker
 from edge.runtime.spec.draft_model import DraftModel
 from edge.runtime.text.chat_template import ChatTemplate, load_template
 
 log = logging.getLogger("edge.engine")
-
-
-def _trim_heap() -> None:
-    """Give freed heap pages back to the OS (glibc keeps them otherwise, so the unload would
-    not show in RSS or MemAvailable); a no-op where there is no glibc."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
 
 
 @dataclass(frozen=True)
@@ -98,7 +89,7 @@ class Residency:
         self.keep_alive_s = keep_alive_s
         self.idle_poll_s = max(0.001, idle_poll_s)
         self.lock = threading.Lock()  # model swaps vs tokenization on other threads
-        self.model: LlamaModel | None = None  # the full model, or the vocab-only one while unloaded
+        self.model: LlamaModel | None = None  # while unloaded: paged out (_pages_only), or `_vocab`
         self.ctx: LlamaContext | None = None
         self.batch: Batch | None = None
         self.template: ChatTemplate | None = None
@@ -107,11 +98,8 @@ class Residency:
         self.n_ctx = spec.n_ctx  # per sequence, once loaded
         self.last_active_s = clock.monotonic()
         # embeddings: a context over these weights, or over a second model named for embeddings
-        self.embed_model_path = embed_model_path
-        self.embedder: Embedder | None = None
+        self.embeds = EmbedModels(embed_model_path, spec.n_gpu_layers)
         self.spec_blocker: str | None = None  # why this model cannot roll drafts back (set at open)
-        self._embed_model: LlamaModel | None = None  # the second model's weights, when loaded
-        self._embed_vocab: LlamaModel | None = None  # its vocabulary, for tokenizing on any thread
         self._live: Live | None = None
         self.draft: DraftModel | None = None  # opened with the model (spec.draft_model_path)
         self.flash_attn: bool | None = None  # the context's flash attention (None: llama.cpp's auto)
@@ -135,8 +123,8 @@ class Residency:
 
     # --- opening ----------------------------------------------------------------
     def open(self, n_threads: int, warm: bool = True) -> tuple[LlamaModel, LlamaContext, DraftModel | None]:
-        """Load weights and create the context, and the draft model's when there is one
-        (ModelLoadError on failure; nothing leaks).
+        """Load weights (or map back those an unload kept: `_pages_only`) and create the context,
+        and the draft model's when there is one (ModelLoadError on failure; nothing leaks).
 
         `warm` decodes once right away: only on the engine thread. OpenMP gives every thread
         that runs a parallel region its own team of workers; once a first decode ran on another
@@ -144,7 +132,8 @@ class Residency:
         (SmolLM2, 2 threads: 58 vs 115 tok/s), so `Engine.load()` opens cold and the engine
         thread warms the context up (`warm_up()`) before its first step."""
         s = self.spec
-        model = LlamaModel(s.model_path, n_gpu_layers=s.n_gpu_layers)
+        kept = self.model if self._pages_kept() else None
+        model = kept or LlamaModel(s.model_path, n_gpu_layers=s.n_gpu_layers, use_mmap=True)  # page cache
         try:
             n_ctx = min(s.n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else s.n_ctx
             self.spec_blocker = rollback_blocker(model)
@@ -152,13 +141,14 @@ class Residency:
             ctx = LlamaContext(model, self._context_config(n_ctx, n_threads, n_out,
                                                                  self._flash_attn_at_open(n_threads)))
         except BaseException:
-            model.close()
+            if model is not kept:
+                model.close()
             raise
         draft: DraftModel | None = None
         try:
             if s.draft_model_path is not None and self.spec_blocker is None:
-                draft = DraftModel(LlamaModel(s.draft_model_path, n_gpu_layers=s.n_gpu_layers), ctx.n_ctx,
-                                   s.n_slots, s.n_batch, n_threads, s.kv_type)
+                weights = LlamaModel(s.draft_model_path, n_gpu_layers=s.n_gpu_layers, use_mmap=True)
+                draft = DraftModel(weights, ctx.n_ctx, s.n_slots, s.n_batch, n_threads, s.kv_type)
             if s.warmup and warm:
                 ctx.warm_up(model)
                 if draft is not None:
@@ -167,9 +157,14 @@ class Residency:
             if draft is not None:
                 draft.close()
             ctx.close()
-            model.close()
+            if model is not kept:
+                model.close()
             raise
         return model, ctx, draft
+
+    def context_config(self, n_threads: int) -> ContextConfig:
+        """The loaded context's kind (threads, KV type, attention) for a probe's own context."""
+        return self._context_config(self.n_ctx, n_threads, None, self.flash_attn)
 
     def _context_config(self, n_ctx: int, n_threads: int, n_out: int | None,
                         fa: bool | None) -> ContextConfig:
@@ -183,14 +178,11 @@ class Residency:
         return attention.free_choice(s.flash_attn, s.n_gpu_layers, s.kv_type, s.flash_attn_off_fits)
 
     def _attn_key(self, n_threads: int) -> str:
-        from edge.runtime.llama.backend import probe_backends
-
-        return attention.verdict_key(self.spec.model_path, probe_backends().system_info, n_threads,
-                                     self.spec.n_verify)
+        return attention.verdict_key(self.spec.model_path, build_identity(), n_threads, self.spec.n_verify)
 
     def _flash_attn_at_open(self, n_threads: int) -> bool | None:
         """The context's flash attention: the setting, else a verdict measured on an earlier
-        start, else on (what llama.cpp's auto picks on a CPU) until `choose_attention` measures."""
+        start, else on (what llama.cpp's auto picks on a CPU) until `attention_steps` measures."""
         if not self._attn_free():
             self.flash_attn = attention.fixed_choice(self.spec.flash_attn)
             self.attention = "setting"
@@ -201,33 +193,40 @@ class Residency:
             return self.flash_attn
         if self.attn_timing is None:
             self.attn_timing = attention.load_verdict(self._attn_key(n_threads))
-            if self.attn_timing is not None:
-                self.attention = "measured on an earlier start"
+            found = self.attn_timing is not None
+            self.attention = "measured on an earlier start" if found else "on until measured"
         self.flash_attn = True if self.attn_timing is None else self.attn_timing.flash_attn
         return self.flash_attn
 
-    def choose_attention(self, n_threads: int) -> None:
-        """Engine thread, before the first step: time both kinds where the choice is free and no
-        earlier start did, keep the verdict, and remake the context if the other kind won."""
-        if not self.loaded or not self._attn_free() or self.attn_timing is not None:
-            return
-        assert self.model is not None and self.ctx is not None
+    def attention_owed(self) -> bool:
+        """Whether edge should time the attention kinds (free choice, no verdict yet)."""
+        return self.loaded and self._attn_free() and self.attn_timing is None
+
+    def attention_steps(self, n_threads: int) -> Generator[None, None, bool]:
+        """Engine thread, in idle turns after ready (engine/startup.py): time both kinds where
+        the choice is free and no earlier start did, one decode per `next`; keep the verdict and
+        remake the context if the other kind won. Returns whether the context was remade."""
+        if not self.attention_owed():
+            return False
+        assert self.model is not None
         n_verify = self.spec.n_verify
-        on = attention.measure(self.model, n_threads, True, n_verify)
-        off = attention.measure(self.model, n_threads, False, n_verify)
+        on = yield from attention.probe(self.model, n_threads, True, n_verify)
+        off = yield from attention.probe(self.model, n_threads, False, n_verify)
         best = attention.choose(on, off)
-        self.attn_timing, self.attention = best, "measured at load"
+        self.attn_timing, self.attention = best, "measured after start"
         attention.save_verdict(self._attn_key(n_threads), best)
         log.info("flash attention %s: a nominal request takes %.2f s with it, %.2f s without "
                  "(prompt %.2f/%.2f ms per token, step %.1f/%.1f ms, verify %.1f/%.1f ms)",
                  "on" if best.flash_attn else "off", on.request_s(), off.request_s(),
                  on.prompt_token_s * 1e3, off.prompt_token_s * 1e3, on.step_s * 1e3, off.step_s * 1e3,
                  on.verify_s * 1e3, off.verify_s * 1e3)
-        if best.flash_attn != self.flash_attn:
-            self._remake_context(n_threads, best.flash_attn)
+        if best.flash_attn == self.flash_attn:
+            return False
+        self._remake_context(n_threads, best.flash_attn)
+        return True
 
     def _remake_context(self, n_threads: int, fa: bool) -> None:
-        """Replace the (empty) context with one of the other attention kind: the old one goes
+        """Replace the (idle) context with one of the other attention kind: the old one goes
         first, so two KV caches never coexist; should the new one fail, the old kind returns."""
         assert self.model is not None and self.ctx is not None
         n_ctx, n_out = self.ctx.n_ctx, self.spec.n_outputs if self.spec_blocker is None else None
@@ -248,7 +247,9 @@ class Residency:
     def install(self, model: LlamaModel, ctx: LlamaContext, draft: DraftModel | None = None) -> None:
         """Make a freshly opened model and context current."""
         with self.lock:
-            self.model, self.ctx, self.draft = model, ctx, draft
+            old, self.model, self.ctx, self.draft = self.model, model, ctx, draft
+        if old is not None and old is not model and old is not self._vocab:
+            old.close()  # kept through an unload, but its file changed since: loaded anew
         self.n_ctx = ctx.n_ctx_seq
         if self.template is None:
             self.template = load_template(self._template_override or model.chat_template(),
@@ -269,31 +270,11 @@ class Residency:
     # --- embeddings -------------------------------------------------------------------
     def embed_vocab(self) -> LlamaModel:
         """The model whose tokenizer embedding inputs use (any thread; with the lock held)."""
-        if self.embed_model_path is None:
-            return self.need_model("unloaded")
-        if self._embed_vocab is None:
-            self._embed_vocab = LlamaModel(self.embed_model_path, vocab_only=True)
-        return self._embed_vocab
+        return self.embeds.vocab(lambda: self.need_model("unloaded"))
 
     def get_embedder(self, n_threads: int) -> Embedder:
         """The embeddings context, made on first use (engine thread; needs the weights loaded)."""
-        if self.embedder is None:
-            model = self.model
-            if self.embed_model_path is not None:
-                if self._embed_model is None:
-                    self._embed_model = LlamaModel(self.embed_model_path, n_gpu_layers=self.spec.n_gpu_layers)
-                model = self._embed_model
-            assert model is not None and not model.vocab_only
-            self.embedder = Embedder(model, n_threads)
-        return self.embedder
-
-    def release_embedder(self) -> None:
-        if self.embedder is not None:
-            self.embedder.close()
-            self.embedder = None
-        if self._embed_model is not None:
-            self._embed_model.close()
-            self._embed_model = None
+        return self.embeds.get(self.model, n_threads)
 
     def release_draft(self) -> None:
         if self.draft is not None:
@@ -302,11 +283,8 @@ class Residency:
 
     def release(self) -> None:
         """Free everything (engine stopped)."""
-        self.release_embedder()
+        self.embeds.close()
         self.release_draft()
-        if self._embed_vocab is not None:
-            self._embed_vocab.close()
-            self._embed_vocab = None
         if self.ctx is not None:
             self._live = None
             if self.batch is not None:
@@ -338,21 +316,33 @@ class Residency:
         """How long the idle engine thread may sleep: forever unless a keep-alive can expire."""
         return None if self.keep_alive_s is None or self.ctx is None else self.idle_poll_s
 
+    def _pages_kept(self) -> bool:
+        """Unloaded to a model whose weights' pages went back (`_pages_only`), its file unchanged."""
+        m = self.model
+        return self.ctx is None and m is not None and not m.vocab_only and m.same_file()
+
+    def _pages_only(self) -> bool:
+        """Whether an unload keeps the model and gives its weights' pages back (llama/pages.py):
+        every weight computed from the file mapping (no repacked or GPU copy), on Linux."""
+        return self.model is not None and self.model.weights_mapped and pages.supported()
+
     def try_unload(self, still_idle: Callable[[], bool], on_unloaded: Callable[[], None]) -> bool:
         """Free weights and context if `still_idle()` (checked under the model lock, which
         `submit` holds too, so no work can arrive meanwhile). `on_unloaded` runs before the
         lock is released, so whoever waits for UNLOADED sees the memory freed."""
         assert self.ctx is not None
+        keep = self._pages_only()
         try:
-            vocab = self._vocab or LlamaModel(self.spec.model_path, vocab_only=True)
+            vocab = self.model if keep else self._vocab or LlamaModel(self.spec.model_path, vocab_only=True)
         except ModelLoadError as exc:  # keep serving; unloading is only an optimisation
             log.warning("not unloading: vocabulary-only load failed: %s", exc)
             return False
-        self._vocab = vocab
+        if not keep:
+            self._vocab = vocab
         with self.lock:
             if not still_idle():
                 return False
-            self.release_embedder()  # it runs over the weights about to go
+            self.embeds.release()  # it runs over the weights about to go
             self.release_draft()
             full, ctx = self.model, self.ctx
             self.model, self.ctx, self._live = vocab, None, None
@@ -362,16 +352,27 @@ class Residency:
             ctx.close()
             if full is not None and full is not vocab:
                 full.close()
-            _trim_heap()
+            elif full is not None:
+                pages.release(full.path)  # the weights to the page cache; vocabulary and tensor table stay
+            pages.trim_heap()
             on_unloaded()
         log.info("model unloaded after %.0f s idle", self.clock.monotonic() - self.last_active_s)
         return True
 
-    def reload(self, n_threads: int) -> ModelLoadError | None:
-        """Load weights and context again for queued work; the error when that fails."""
+    def vocab_steps(self) -> Iterator[None]:
+        """Idle turns after ready (engine/startup.py): the vocabulary-only model an unload leaves
+        behind, made ahead (Qwen2.5's: 0.2 s), so an unload frees memory at once (none is needed
+        where the unload keeps the model: `_pages_only`)."""
+        if self._vocab is None and not self._pages_only():
+            yield
+            self._vocab = LlamaModel(self.spec.model_path, vocab_only=True)
+
+    def reload(self, n_threads: int, warm: bool = True) -> ModelLoadError | None:
+        """Load weights and context again; the error when that fails. `warm=False` when a request
+        waits: its own first decode pays what the warm-up would, and no sooner."""
         t0_s = self.clock.monotonic()
         try:
-            model, ctx, draft = self.open(n_threads)
+            model, ctx, draft = self.open(n_threads, warm)
         except Exception as exc:
             err = exc if isinstance(exc, ModelLoadError) else ModelLoadError(self.spec.model_path, str(exc))
             log.error("reload failed: %s", err)

@@ -5,10 +5,12 @@ llama.cpp's own `auto` turns flash attention on wherever the backend has the ker
 that is the fast path; on a CPU it depends on the CPU. On a 2-core Sapphire Rapids VM (Qwen2.5
 Coder 0.5B Q4_K_M, 2 threads, llama-bench at depth 300 / 1000) it made a one-token step 13 % /
 20 % slower and an 8-token verify step 26 % slower, while prompts ran 9 % faster. A runtime that
-knows its device measures instead of guessing: on the engine thread, before the first request,
-a small context of each kind evaluates a prompt chunk, one-token steps and (with speculation) a
-verify step; the kind whose nominal request (`request_s`) is cheaper wins. The verdict is kept
-in a small JSON file so later starts reuse it (`EDGE_CACHE_DIR`, else the per-user cache).
+knows its device measures instead of guessing: on the engine thread, in idle turns after the
+engine is ready (one probe decode per turn, so a request waits one decode at most), a small
+context of each kind evaluates a prompt chunk, one-token steps and (with speculation) a verify
+step; the kind whose nominal request (`request_s`) is cheaper wins, and the engine's context is
+remade with it if it is not the one it started with. The verdict is kept in the probe cache
+(probe_cache.py) so later starts open with it and measure nothing.
 
 Why it is opt-in (`auto` is llama.cpp's choice, on for a CPU): without flash attention the
 CPU backend multiplies K·Q with llamafile's tinyBLAS for a batch of two or more rows and with
@@ -27,18 +29,16 @@ buffer holds the whole K·Q matrix). Elsewhere the setting's `on`/`off`, or llam
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edge.contracts.options import FlashAttn
 from edge.runtime.llama.batch import Batch
 from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
+from edge.runtime.llama.probe_cache import ProbeCache, probe_key
 
 log = logging.getLogger("edge.engine")
 
@@ -47,7 +47,8 @@ PROBE_DEPTH = 384  # prompt tokens evaluated (timed) before the timed steps, in 
 PROBE_STEPS = 4  # one-token steps timed at that depth (the fastest counts)
 NOMINAL_PROMPT = 256  # the nominal request the kinds are compared on: new prompt tokens ...
 NOMINAL_STEPS = 128  # ... and decode steps (half of them verify steps where speculation is on)
-VERDICTS_FILE = "attention.json"
+KIND = "attention"  # its answers' file in the probe cache
+VERDICTS_FILE = f"{KIND}.json"
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,20 @@ def fixed_choice(setting: FlashAttn) -> bool | None:
 
 
 def measure(model: LlamaModel, n_threads: int, flash_attn: bool, n_verify: int = 0) -> AttnTiming:
-    """Time one kind on a small context of its own (engine thread: decodes must run there).
+    """Time one kind at once (see `probe`)."""
+    steps = probe(model, n_threads, flash_attn, n_verify)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def probe(model: LlamaModel, n_threads: int, flash_attn: bool,
+          n_verify: int = 0) -> Generator[None, None, AttnTiming]:
+    """Time one kind on a small context of its own, yielding after each decode so the engine
+    thread can run it in idle turns (a request waits one probe decode at most); the timing is
+    the generator's return value. Closing it early frees the context.
 
     The steps are timed PROBE_DEPTH cells deep: how the kinds compare moves with the depth (on
     the CPU above, a one-token step costs the same both ways at 128 cells, 14 % more with flash
@@ -109,66 +123,49 @@ def measure(model: LlamaModel, n_threads: int, flash_attn: bool, n_verify: int =
         if batch.decode(ctx.ptr) != 0:
             raise RuntimeError("attention probe: llama_decode failed")
         ctx.synchronize()
-        return time.perf_counter() - t0
-
-    def step(tokens: Sequence[int]) -> float:
-        s = run(tokens, PROBE_DEPTH)
-        ctx.seq_rm(0, PROBE_DEPTH, -1)
-        return s
+        elapsed = time.perf_counter() - t0
+        if not prompt:
+            ctx.seq_rm(0, PROBE_DEPTH, -1)
+        return elapsed
 
     try:
         ctx.warm_up(model)
-        prompt_s = sum(run(toks[p : p + PROBE_CHUNK], p, prompt=True)
-                       for p in range(0, PROBE_DEPTH, PROBE_CHUNK))
-        step_s = min(step(toks[:1]) for _ in range(PROBE_STEPS))
-        verify_s = min(step(toks[:n_verify]) for _ in range(2)) if n_verify > 1 else 0.0
-        return AttnTiming(flash_attn, prompt_s / PROBE_DEPTH, step_s, verify_s)
+        prompt_s = 0.0
+        for p in range(0, PROBE_DEPTH, PROBE_CHUNK):
+            yield
+            prompt_s += run(toks[p : p + PROBE_CHUNK], p, prompt=True)
+        steps = [toks[:1]] * PROBE_STEPS
+        verifies = [toks[:n_verify]] * 2 if n_verify > 1 else []
+        step_s = verify_s = float("inf")
+        for i, tokens in enumerate(steps + verifies):
+            yield
+            s = run(tokens, PROBE_DEPTH)
+            if i < len(steps):
+                step_s = min(step_s, s)
+            else:
+                verify_s = min(verify_s, s)
+        return AttnTiming(flash_attn, prompt_s / PROBE_DEPTH, step_s, verify_s if verifies else 0.0)
     finally:
         batch.free()
         ctx.close()
 
 
-# --- verdicts kept across starts ---------------------------------------------------------------
+# --- verdicts kept across starts (probe_cache.py) ------------------------------------------------
 
-def cache_dir() -> Path:
-    env = os.environ.get("EDGE_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("edge", appauthor=False))
-
-
-def verdict_key(model_path: str, system_info: str, n_threads: int, n_verify: int) -> str:
-    """What a verdict depends on: the model file (name, size, mtime), the build and CPU features
-    (llama.cpp's system info), the threads and the verify length."""
-    st = os.stat(model_path)
-    raw = f"{Path(model_path).name}|{st.st_size}|{int(st.st_mtime)}|{system_info}|{n_threads}|{n_verify}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+def verdict_key(model_path: str, build: str, n_threads: int, n_verify: int) -> str:
+    """What a verdict depends on: the model file, the build (`probe_cache.build_identity`), the
+    threads and the verify length."""
+    return probe_key(model_path, build, n_threads, "attention", n_verify)
 
 
 def load_verdict(key: str, root: Path | None = None) -> AttnTiming | None:
-    path = (root or cache_dir()) / VERDICTS_FILE
+    row = ProbeCache(KIND, root).load(key)
     try:
-        row = json.loads(path.read_text()).get(key)
-        return AttnTiming(**row) if isinstance(row, dict) else None
-    except (OSError, ValueError, TypeError):
+        return AttnTiming(**row) if row is not None else None
+    except TypeError:  # a row of another shape: measured again
         return None
 
 
 def save_verdict(key: str, timing: AttnTiming, root: Path | None = None) -> None:
     """Best effort: a read-only home only means measuring again next start."""
-    path = (root or cache_dir()) / VERDICTS_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        doc = {}  # none yet, or unreadable: start over
-    try:
-        doc = doc if isinstance(doc, dict) else {}
-        doc[key] = asdict(timing)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError as exc:
-        log.info("attention verdict not saved (%s): measured again next start", exc)
+    ProbeCache(KIND, root).save(key, asdict(timing))

@@ -48,6 +48,13 @@ def _has(libs: tuple[str, ...], system_info: str, kind: str) -> bool:
     return f"{kind.upper()} :" in system_info.upper()
 
 
+def compiled_backends(info: BackendInfo) -> tuple[str, ...]:
+    """Names of the backends the build carries (cpu always; none when llama_cpp is broken)."""
+    if info.error is not None:
+        return ()
+    return tuple(k for k in _BACKEND_LIBS if k == "cpu" or _has(info.libraries, info.system_info, k))
+
+
 EXTRA_BUFFERS_ENV = "EDGE_LLAMA_EXTRA_BUFFERS"  # "1"/"0" overrides extra_buffers_default()
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import llama_cpp  # edge/runtime/llama/__init__.py has set the thread-wait policy (threads.py) by now
 
@@ -30,6 +31,8 @@ log = logging.getLogger("edge.llama")
 
 KV_TYPES: dict[str, int] = {name: getattr(llama_cpp, f"GGML_TYPE_{name.upper()}") for name in KV_CACHE_TYPES}
 
+_BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size\s*=")
+
 # ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
 _LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 
@@ -41,10 +44,14 @@ class _Backend:
     ready = False
     warned_extra = False
     last_level = logging.DEBUG
+    captured: ClassVar[dict[int, list[str]]] = {}  # thread id -> llama.cpp's lines while it loads a model
 
     @staticmethod
     @llama_cpp.llama_log_callback
     def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        lines = _Backend.captured.get(threading.get_ident())
+        if lines is not None:
+            lines.append(text.decode("utf-8", "replace"))
         py_level = _Backend.last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)
         _Backend.last_level = py_level
         # llama.cpp is chatty at INFO; only its warnings and errors reach our INFO level
@@ -87,6 +94,12 @@ def load_mode_for(use_mmap: bool | None) -> int:
     return int(llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE)
 
 
+def file_identity(path: str) -> tuple[int, int, int, int]:
+    """Device, inode, size and mtime: what tells a model file from its replacement."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def extra_buffers() -> bool:
     """The installed build's verdict from probe_backends() (logged once when off)."""
     on = probe_backends().cpu_extra_buffers
@@ -117,12 +130,19 @@ class LlamaModel:
         self.vocab_only = vocab_only
         if not os.path.isfile(self.path):
             raise ModelLoadError(self.path, "no such file")
+        self.file_id = file_identity(self.path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.load_mode = load_mode_for(use_mmap)
         params.vocab_only = vocab_only
         params.use_extra_bufts = extra_buffers()
-        ptr = llama_cpp.llama_model_load_from_file(self.path.encode(), params)
+        lines = _Backend.captured[threading.get_ident()] = []
+        try:
+            ptr = llama_cpp.llama_model_load_from_file(self.path.encode(), params)
+        finally:
+            del _Backend.captured[threading.get_ident()]
+        # where the weights live, by llama.cpp's account ("load_tensors: CPU_Mapped model buffer size = ")
+        self.weight_buffers = tuple(m.group(1) for m in map(_BUFFER_LINE.search, lines) if m)
         if not ptr:
             raise ModelLoadError(self.path, "llama.cpp could not load the file (run with -v for its log)")
         self.ptr: Any = ptr
@@ -143,6 +163,19 @@ class LlamaModel:
     @property
     def name(self) -> str:
         return Path(self.path).stem
+
+    def same_file(self) -> bool:
+        """The file at `path` is still the one loaded (not moved, replaced or rewritten since)."""
+        try:
+            return file_identity(self.path) == self.file_id
+        except OSError:
+            return False
+
+    @property
+    def weights_mapped(self) -> bool:
+        """Every weight is computed straight from the file mapping (no repacked or GPU copy): an
+        unload can give its pages back to the page cache and keep the model (pages.py)."""
+        return self.weight_buffers == ("CPU_Mapped",)
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)

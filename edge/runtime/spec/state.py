@@ -12,7 +12,6 @@ removes the rejected tail's KV itself (it owns the context).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,11 +28,7 @@ from edge.runtime.spec.rules import (
 )
 
 if TYPE_CHECKING:
-    from edge.runtime.kv.residency import Live
     from edge.runtime.spec.draft_model import DraftModel
-
-CALIBRATE_DEPTH = 64  # KV cells before the timed steps
-CALIBRATE_REPS = 2  # the fastest of these counts (a first run pays for cold caches)
 
 DraftView = tuple[tuple[DraftAsk, ...], tuple[tuple[int, float], ...], float]
 
@@ -155,37 +150,9 @@ class Speculation:
         if self.on:
             self.cost.observe(n_tokens, decode_s)
 
-    def calibrate(self, live: Live, depth: int = CALIBRATE_DEPTH, reps: int = CALIBRATE_REPS) -> None:
-        """Time one sequence's verify steps of 1..k+1 tokens once at load (engine thread, empty
-        KV): the chooser then starts from this device's own cost curve. Steps it never picked
-        would otherwise stay guesses (interpolated), and on CPU the curve is not smooth: ggml's
-        repacked kernels take rows in fours, so a 4-token step can cost less than a 3-token one
-        (Qwen2.5 0.5B Q4_K on 2 cores: 77 vs 83 ms). What the engine measures later refines it."""
-        from edge.runtime.llama import llama_cpp
-
-        ctx, batch = live.ctx, live.batch
-        n_max = min(self.k + 1, batch.capacity, live.n_ctx_seq - depth)
-        if not self.on or n_max < 1:
-            return
-        filler = [live.model.bos_id if live.model.bos_id >= 0 else 0] * depth
-        batch.clear()
-        batch.add_prompt(0, filler, 0, logits_last=False)
-        if batch.decode(ctx.ptr) != 0:
-            ctx.seq_rm(0, -1, -1)
-            return
-        for n in range(1, n_max + 1):
-            best = float("inf")
-            for _ in range(reps):
-                batch.clear()
-                batch.add_tokens(0, filler[:n], depth)
-                t0 = time.perf_counter()
-                rc = batch.decode(ctx.ptr)
-                llama_cpp.llama_synchronize(ctx.ptr)
-                best = min(best, time.perf_counter() - t0)
-                ctx.seq_rm(0, depth, -1)
-                if rc != 0:
-                    break
-            else:
-                self.cost.by_n[n] = best
-        ctx.seq_rm(0, -1, -1)
-        batch.clear()
+    def seed(self, curve: Mapping[int, float]) -> None:
+        """A verify-cost curve measured apart from the steps (spec/calibration.py): a head start
+        for sizes the engine has not measured itself; its own measurements stand."""
+        for n, seconds in curve.items():
+            if n not in self.cost.by_n and seconds > 0:
+                self.cost.by_n[n] = seconds

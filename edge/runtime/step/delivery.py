@@ -53,7 +53,9 @@ class Delivery:
             if seq.spec is not None and seq.spec.draft:
                 self._verify(live, seq, seq.spec)
             else:
-                self._take(live, seq, self._sample_row(live, seq), len(self.slots[seq.seq_id].tokens))
+                forced = seq.think.next_forced() if seq.think is not None else None
+                tok = self._sample_row(live, seq) if forced is None else forced  # a think block's close
+                self._take(live, seq, tok, len(self.slots[seq.seq_id].tokens))
         except Exception as exc:
             log.warning("request %s failed while sampling: %s", seq.handle.request_id, exc)
             err = exc if isinstance(exc, EdgeError) else DecodeFailed(-1, f"sampling failed: {exc}")
@@ -88,7 +90,7 @@ class Delivery:
 
     def _take(self, live: Live, seq: Seq, tok: int, n_kv: int) -> bool:
         """Hand one sampled token over (`n_kv`: cells the sequence holds before it); False when
-        the sequence ended with it."""
+        the sequence ended with it, or its think block is due to close (a draft stops there)."""
         model = live.model
         seq.sampled(self.clock)
         if model.is_eog(tok):
@@ -96,7 +98,8 @@ class Delivery:
             return False
         if seq.request.logprobs is not None:
             seq.pending_logprobs.append(self._logprob(live, seq, tok))
-        text = seq.stream.feed(model.piece(tok))
+        think = seq.think
+        text = seq.stream.feed(model.piece(tok) if think is None else model.piece(tok, think.special))
         if seq.stream.stopped:
             seq.emit(text)
             self.end(seq, FinishReason.STOP)
@@ -107,7 +110,7 @@ class Delivery:
             return False
         seq.carry(tok)
         seq.emit(text)
-        return True
+        return think is None or not think.due
 
     def _logprob(self, live: Live, seq: Seq, tok: int) -> TokenLogprob:
         model = live.model

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edge.runtime.kv.hostcache import HostCache
+from edge.runtime.step.slots import SlotState
 
 if TYPE_CHECKING:
     from edge.runtime.kv.residency import Live
@@ -101,6 +102,13 @@ class SlotKV:
             return 0
         slot.tokens.extend(entry.tokens)
         return self.trim(live, slot, min(n_keep, len(entry.tokens)))
+
+    def stash_idle(self, live: Live) -> None:
+        """Copy the idle slots' caches to host memory, the most recently used last (pushed out
+        last): before an unload, so a conversation that goes on after it is not evaluated again."""
+        for slot in sorted(self.slots, key=lambda s: s.last_used):
+            if slot.state is SlotState.IDLE:
+                self._stash(live, slot, drop=False)
 
     def drop(self, live: Live, slot: Slot) -> None:
         live.ctx.seq_rm(slot.seq_id, -1, -1)

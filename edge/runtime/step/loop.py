@@ -111,16 +111,20 @@ class StepLoop:
             heapq.heappush(self.waiting, (seq.key, id(seq), seq))
         self.embeds.extend(mail.embeds)
 
-    def context_replaced(self) -> None:
-        """A new context was made (with the knobs' threads); the old one's KV went with it."""
+    def context_replaced(self, keep_host: bool = False) -> None:
+        """A new context was made (with the knobs' threads); the old one's KV went with it (and,
+        unless `keep_host`, the host-memory caches: another attention kind cannot restore them)."""
         self._threads_now = self.knobs.n_threads
-        self.forget_kv()
+        self.forget_kv(None if keep_host else 0)
 
-    def forget_kv(self) -> None:
+    def forget_kv(self, keep_host_bytes: int | None = 0) -> None:
+        """The slots' KV is gone; host memory keeps its most recent caches within `keep_host_bytes`
+        (None: all; an unload is for memory, so it keeps a few: engine/thread.py)."""
         for slot in self.slots:
             slot.tokens.clear()
             slot.state = SlotState.IDLE
-        self.host.clear()  # unloading is for memory: the stashed caches go with the context
+        if keep_host_bytes is not None:
+            self.host.shrink(keep_host_bytes)
 
     # --- one iteration --------------------------------------------------------------
     def iterate(self, cancels: bool) -> None:
@@ -192,7 +196,8 @@ class StepLoop:
             return (), (), 0.0
         cands: list[tuple[int, SeqSpec, int]] = []
         for sid, q in self.running.items():
-            if q.spec is not None and q.n_prompt_left == 0 and q.pending_tok >= 0:
+            if q.spec is not None and q.n_prompt_left == 0 and q.pending_tok >= 0 and (
+                    q.think is None or not q.think.due):  # a think block due to close: no draft
                 n_cells = len(self.slots[sid].tokens)
                 room = draft_room(q.spec.cap, live.n_ctx_seq, n_cells, q.max_tokens, q.n_gen)
                 cands.append((sid, q.spec, room))

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from edge.clock import Clock
     from edge.runtime.llama.sampling import Sampler
     from edge.runtime.spec.state import SeqSpec
+    from edge.runtime.step.think import ThinkState
 
 log = logging.getLogger("edge.engine")
 
@@ -54,6 +55,7 @@ class Sequence:
         "stream",
         "t_first_s",
         "t_submit_s",
+        "think",
         "wakeups",
     )
 
@@ -66,6 +68,7 @@ class Sequence:
         key: tuple[int, int],
         t_submit_s: float,
         on_start: Callable[[], None] | None = None,
+        think: ThinkState | None = None,
     ) -> None:
         self.request = request
         self.prompt = prompt
@@ -87,6 +90,7 @@ class Sequence:
         self.wakeups: Wakeups | None = None  # the step loop's, once admitted: wake consumers per step
         self.pending_logprobs: list[TokenLogprob] = []  # sampled, not yet in an event (when asked)
         self.spec: SeqSpec | None = None  # speculation state once admitted (None: never drafts)
+        self.think = think  # its think block: split, count, budget (None: text as it is)
 
     @property
     def n_prompt_left(self) -> int:
@@ -150,8 +154,12 @@ class Sequence:
                 log.exception("on_start callback of request %s failed", self.handle.request_id)
 
     def emit(self, text: str) -> None:
-        if text:
-            event = TokenEvent(text, self.n_unreported, logprobs=self._take_logprobs())
+        """One taken token's text (maybe empty: held back) to the handle."""
+        reasoning = ""
+        if self.think is not None:  # every token goes through it: it counts them
+            text, reasoning = self.think.take(text)
+        if text or reasoning:
+            event = TokenEvent(text, self.n_unreported, logprobs=self._take_logprobs(), reasoning=reasoning)
             self.handle._push(event, self.wakeups)
             self.n_unreported = 0
 
@@ -164,9 +172,13 @@ class Sequence:
     def finish(self, reason: FinishReason, error: Exception | None = None) -> None:
         """Send the final event (with any held-back text) and release the sampler chain."""
         tail = self.stream.finish() if reason in (FinishReason.STOP, FinishReason.LENGTH) else ""
-        usage = Usage(len(self.prompt), self.n_gen, self.cached)
-        self.handle._push(TokenEvent(tail, self.n_unreported, reason, usage, error, self._take_logprobs()),
-                          self.wakeups)
+        reasoning, n_reasoning = "", 0
+        if self.think is not None:
+            tail, reasoning = self.think.finish(tail)
+            n_reasoning = self.think.n_tokens
+        usage = Usage(len(self.prompt), self.n_gen, self.cached, n_reasoning)
+        self.handle._push(TokenEvent(tail, self.n_unreported, reason, usage, error, self._take_logprobs(),
+                                     reasoning), self.wakeups)
         self.n_unreported = 0
         if self.sampler is not None:
             self.sampler.free()

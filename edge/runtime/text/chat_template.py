@@ -35,6 +35,7 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from edge.errors import ConfigError, TemplateError
+from edge.runtime.text.reasoning import template_family
 
 PLAIN_TEMPLATE = (
     "{% for m in messages %}"
@@ -162,10 +163,11 @@ class TemplateInfo:
     tool_format: str | None  # "hermes" | "llama3" | "mistral" | "generic" (None: no tools)
     stop: tuple[str, ...] = ()  # turn markers that end generation (fallback and named templates)
     text: str = field(default="", repr=False, compare=False)  # the Jinja source (Ollama's /api/show)
+    thinking: str | None = None  # the think-block family it teaches (reasoning.template_family)
 
     def as_json(self) -> dict[str, Any]:
         return {"source": self.source, "name": self.name, "tools": self.tools,
-                "tool_format": self.tool_format, "stop": list(self.stop)}
+                "tool_format": self.tool_format, "stop": list(self.stop), "thinking": self.thinking}
 
 
 def with_turn_stops(stop: tuple[str, ...], info: TemplateInfo | None) -> tuple[str, ...]:
@@ -213,7 +215,8 @@ def describe(template: ChatTemplate, choice: TemplateChoice | None = None) -> Te
     # a model's own template ends turns with its end-of-generation token; a borrowed one may not
     stop = NAMED_TEMPLATES[named].stop if named is not None and source != "model" else ()
     fmt = tool_format(template.source)
-    return TemplateInfo(source, name, fmt is not None, fmt, stop, template.source)
+    return TemplateInfo(source, name, fmt is not None, fmt, stop, template.source,
+                        template_family(template.source))
 
 
 class _TemplateRaise(Exception):
