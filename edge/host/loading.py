@@ -156,7 +156,6 @@ def engine_config(
     """Resolve `model_ref` (path or store name), validate it, plan memory and size an engine by
     the plan. Raises ConfigError, ModelNotFound, InvalidGGUF, InsufficientMemory,
     DraftVocabMismatch. `available_bytes` replaces the memory probe (tests, the model host's budget)."""
-    template_choice(settings)  # a bad template fails before any file is read
     probe = {"available_bytes": available_bytes} if available_bytes is not None else {}
     path, plan = plan_for(model_ref, settings, **probe)
     if not plan.fits:

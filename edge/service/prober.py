@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from edge.api.health_probe import pick_model, probe
+from edge.api.leases import lease_list
 from edge.api.probe_record import ProbeResult
 from edge.api.state import ApiState, ServerState
 
@@ -20,13 +21,14 @@ log = logging.getLogger("edge.probe")
 
 
 class _Scope:
-    """What `ApiState.for_model` needs of a request: a scope to record the probe's lease in."""
+    """What `ApiState.for_model` needs of a request: a scope to record the probe's lease in
+    (`api/leases.lease_list`), given back as `LeaseMiddleware` gives back a request's."""
 
     def __init__(self) -> None:
         self.scope: dict[str, Any] = {"state": {}}
 
     def release(self) -> None:
-        for lease in self.scope["state"].get("edge_leases", []):
+        for lease in lease_list(self):
             lease.release()
 
 
