@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 
 from edge.config import Settings
 from edge.contracts.engine import Knobs
-from edge.host.loading import _available_bytes, _profile, config_from_plan, plan_for, reserve_for
+from edge.host.loading import (
+    _available_bytes,
+    _profile,
+    config_from_plan,
+    plan_for,
+    reserve_for,
+    template_choice,
+)
 from edge.host.models import ModelHost
 from edge.host.names import ModelNames, ModelRef
 
@@ -64,7 +71,7 @@ def build_host(settings: Settings, given: Sequence[ModelRef] = (), *,
             return engine_factory(path, plan, engine_settings)
         from edge.runtime.engine.core import Engine
 
-        return Engine(config_from_plan(path, plan, engine_settings))
+        return Engine(config_from_plan(path, plan, engine_settings, template_choice(engine_settings)))
 
     names = ModelNames(list_store or _store_lister(settings), given)
     knobs = Knobs(active_limit=settings.slots, n_threads=settings.threads or max(1, os.cpu_count() or 1))

@@ -156,23 +156,27 @@ def engine_config(
     """Resolve `model_ref` (path or store name), validate it, plan memory and size an engine by
     the plan. Raises ConfigError, ModelNotFound, InvalidGGUF, InsufficientMemory,
     DraftVocabMismatch. `available_bytes` replaces the memory probe (tests, the model host's budget)."""
+    template = template_choice(settings)  # a bad template fails before any file is read
     probe = {"available_bytes": available_bytes} if available_bytes is not None else {}
     path, plan = plan_for(model_ref, settings, **probe)
     if not plan.fits:
         raise InsufficientMemory(plan.total_bytes, plan.available_bytes, f"{path.name} ({plan.reason})")
-    return config_from_plan(path, plan, settings), plan
+    return config_from_plan(path, plan, settings, template), plan
 
 
-def config_from_plan(path: Path, plan: MemoryPlan, settings: Settings) -> EngineConfig:
+def config_from_plan(
+    path: Path, plan: MemoryPlan, settings: Settings, template: TemplateChoice | None
+) -> EngineConfig:
     """The engine a fitting plan sizes: context, KV type and GPU layers from the plan, the rest
-    from the settings (template, speculation, caches, keep-alive)."""
+    from the settings (speculation, caches, keep-alive). `template` is `template_choice(settings)`,
+    resolved by the caller before any file is read so a bad one fails first and compiles once."""
     embed = _checked_file(settings.embedding_model, settings) if settings.embedding_model else None
     # host memory for stashed prompt caches: the setting, within what the plan leaves free
     prompt_cache = min(settings.prompt_cache_mib << 20, max(0, plan.available_bytes - plan.total_bytes))
     return EngineConfig(
         model_path=path, n_ctx=plan.n_ctx, n_slots=settings.slots, n_threads=settings.threads,
         n_batch=settings.n_batch, kv_type=plan.kv_type, n_gpu_layers=plan.n_gpu_layers,
-        chat_template=template_choice(settings), keep_alive_s=settings.keep_alive_s, embedding_model=embed,
+        chat_template=template, keep_alive_s=settings.keep_alive_s, embedding_model=embed,
         speculative=settings.speculative, draft_max=settings.draft_max,
         draft_model=draft_model_for(path, settings), flash_attn=settings.flash_attn,
         flash_attn_off_fits=plan.attn_free,
