@@ -62,6 +62,7 @@ def build_host(settings: Settings, given: Sequence[ModelRef] = (), *,
     reserve = reserve_for(settings, _profile(settings))
     # the host runs embeddings models as models of their own, so no engine carries a second one
     engine_settings = settings.model_copy(update={"embedding_model": None, "keep_alive_s": None})
+    template = template_choice(engine_settings)  # once per host, not per load; a bad one fails here
 
     def plan(path: Path, budget_bytes: int) -> MemoryPlan:
         return plan_for(path, engine_settings, available_bytes=lambda: budget_bytes + reserve)[1]
@@ -71,7 +72,7 @@ def build_host(settings: Settings, given: Sequence[ModelRef] = (), *,
             return engine_factory(path, plan, engine_settings)
         from edge.runtime.engine.core import Engine
 
-        return Engine(config_from_plan(path, plan, engine_settings, template_choice(engine_settings)))
+        return Engine(config_from_plan(path, plan, engine_settings, template))
 
     names = ModelNames(list_store or _store_lister(settings), given)
     knobs = Knobs(active_limit=settings.slots, n_threads=settings.threads or max(1, os.cpu_count() or 1))
