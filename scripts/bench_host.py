@@ -5,9 +5,9 @@ A store of the catalog models, requests cycling through them (a 4-token streamed
 completion each, one client), a memory budget that holds any two of them but not all three:
 
 - edge: `edge serve --lazy --models-dir STORE --memory-budget B --slots 2 --threads 2`
-- llama-server: `llama-server --models-dir DIR --models-max 2 -np 2 -t 2 --no-repack` (its
-  router: one child process per model; `--no-repack` because the AMX kernels of this build
-  crash on prompt batches).
+- llama-server: `llama-server --models-dir DIR --models-max 2 -np 2 -t 2` (its router: one
+  child process per model; `--no-repack` added only where the build's AMX kernels would crash
+  on prompt batches: backend.py amx_kernels).
 
 Each target in its own process, started fresh per run, alternating which goes first. Per
 request: time to the first streamed token, and whether the model had to be loaded. For edge
@@ -93,6 +93,13 @@ def flat_dir(store: Path, names: list[str]) -> tuple[Path, dict[str, str]]:
     return out, {n: Path(manifest[n]["file"]).stem for n in names}
 
 
+def no_repack() -> list[str]:
+    """llama-server's defaults, but for the flag a user whose build has the crashing AMX kernels adds."""
+    from edge.runtime.llama.backend import amx_kernels, probe_backends
+
+    return ["--no-repack"] if amx_kernels(probe_backends().system_info) else []
+
+
 def start(target: str, args: argparse.Namespace, port: int, router_dir: Path) -> subprocess.Popen[bytes]:
     if target == "edge":
         cmd = [sys.executable, "-m", "edge.cli", "serve", "--lazy", "--models-dir", str(args.models_dir),
@@ -100,7 +107,7 @@ def start(target: str, args: argparse.Namespace, port: int, router_dir: Path) ->
                "--host", "127.0.0.1", "--port", str(port)]
     else:
         cmd = [args.llama_server, "--models-dir", str(router_dir), "--models-max", "2", "-np", "2",
-               "-t", str(args.threads), "--no-repack", "--host", "127.0.0.1", "--port", str(port)]
+               "-t", str(args.threads), *no_repack(), "--host", "127.0.0.1", "--port", str(port)]
     log = open(Path(tempfile.gettempdir()) / f"bench_host_{target}.log", "wb")  # noqa: SIM115
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
 

@@ -11,9 +11,9 @@ then llama-server when `--llama-server PATH` is given, then the next model, then
   `/api/generate {"prompt": "", "keep_alive": 0}` and the time from a new chat request to its
   first token (the reload included), against the same process's cold first token (`reload / cold`).
 
-Both run with or without ggml's repacked weight buffers alike (`--repack auto`: as edge chooses,
-off where the build has AMX kernels (backend.py), and llama-server then with `--no-repack`;
-`on`/`off` force both; without them the weights are computed from the file mapping). Prints
+ggml's repacked weight buffers: `--repack auto` leaves each on its own default (llama-server
+repacks, edge keeps the weights mapped on x86: backend.py), except that llama-server gets
+`--no-repack` where the build has the AMX kernels that crash; `on`/`off` force both alike. Prints
 the per-run figures and a Markdown table of the means (medians). Servers are started and ended
 here, by PID; ports from `--port` up.
 
@@ -113,13 +113,14 @@ def repack_env(repack: str) -> dict[str, str]:
     return {} if repack == "auto" else {"EDGE_LLAMA_EXTRA_BUFFERS": "1" if repack == "on" else "0"}
 
 
-def edge_repacks(repack: str) -> bool:
-    """Whether edge runs with ggml's repacked weight buffers (llama-server is run the same way)."""
+def llama_server_repacks(repack: str) -> bool:
+    """Whether llama-server runs with its repacked weight buffers: its default unless forced, or
+    where this build's AMX kernels would crash it."""
     if repack != "auto":
         return repack == "on"
-    from edge.runtime.llama.model import extra_buffers
+    from edge.runtime.llama.backend import amx_kernels, probe_backends
 
-    return extra_buffers()
+    return not amx_kernels(probe_backends().system_info)
 
 
 def spawn(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], float]:
@@ -209,11 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="an edge tree to run (its `edge` package under DIR; repeatable, interleaved; "
                    "default: this checkout)")
     p.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
-                   help="ggml's repacked weight buffers for both targets: auto = edge's own choice "
-                   "(off where the build has AMX kernels), llama-server run to match (--no-repack)")
+                   help="ggml's repacked weight buffers for both targets "
+                   "(auto: each its own default, llama-server --no-repack where the build has AMX kernels)")
     a = p.parse_args(argv)
-    env, repack = repack_env(a.repack), edge_repacks(a.repack)
-    print(f"repacked weight buffers: {'on' if repack else 'off'} (edge and llama-server)", flush=True)
+    env, repack = repack_env(a.repack), llama_server_repacks(a.repack)
+    print(f"llama-server's repacked weight buffers: {'on' if repack else 'off'}", flush=True)
     edges = [(lab, Path(d)) for lab, _, d in (e.partition("=") for e in a.edge)] or [("edge", ROOT)]
     runs: list[Run] = []
     for i in range(a.runs):

@@ -178,10 +178,10 @@ def run_bench(
     workload = cfg.workload()  # a bad spec fails before any server starts
     settings = None
     if cfg.model_path is not None:
-        from edge.runtime.llama.backend import probe_backends  # the engine's own verdict on this build
+        from edge.runtime.llama.backend import amx_kernels, probe_backends
 
         settings = LaunchSettings(cfg.model_path, cfg.threads, cfg.slots, cfg.ctx,
-                                  extra_buffers=probe_backends().cpu_extra_buffers)
+                                  extra_buffers=not amx_kernels(probe_backends().system_info))
     created = _dt.datetime.now(_dt.timezone.utc)
     t_start = now()
     with contextlib.ExitStack() as stack:

@@ -131,9 +131,9 @@ class LaunchSettings:
     threads: int
     slots: int
     ctx: int
-    # ggml's extra CPU buffers (AMX tiles, repacked weights): edge turns them off where the build's
-    # AMX kernels crash (runtime/llama/backend.py), and llama.cpp's tools segfault there at their first
-    # batch too, so llama-server gets --no-repack then (the flag a user who hit the crash would add)
+    # ggml's extra CPU buffers (AMX tiles, repacked weights): llama.cpp's default, except where the
+    # build's AMX kernels crash (runtime/llama/backend.py amx_kernels): llama-server gets --no-repack
+    # then (the flag a user who hit the crash would add)
     extra_buffers: bool = True
 
 

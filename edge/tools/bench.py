@@ -36,7 +36,7 @@ from typing import Any
 
 from edge.runtime.engine.config import EngineConfig
 from edge.runtime.engine.core import Engine
-from edge.runtime.llama.backend import probe_backends
+from edge.runtime.llama.backend import amx_kernels, probe_backends
 from edge.runtime.llama.threads import user_env
 from edge.runtime.types import GenerationRequest, SamplingParams
 
@@ -127,7 +127,7 @@ def bare_decode(model_path: str | Path, n_tokens: int, n_threads: int, n_seqs: i
     """Aggregate decode tokens/s of the bare loop, in its own process."""
     argv = [sys.executable, str(BARE_LOOP), str(model_path), "--tokens", str(n_tokens),
             "--threads", str(n_threads), "--seqs", str(n_seqs), "--prompt", PROMPTS[0]]
-    if not probe_backends().cpu_extra_buffers:  # the build's AMX kernels crash (backend.py)
+    if amx_kernels(probe_backends().system_info):  # they crash; otherwise llama.cpp's default
         argv.append("--no-extra-buffers")
     return float(json.loads(runner(argv).strip().splitlines()[-1])["tok_s"])
 
@@ -137,7 +137,7 @@ def llama_bench(binary: Path, model_path: str | Path, n_threads: int,
     """(pp512, tg128) tokens/s from llama.cpp's own llama-bench, same threads, batch 512."""
     argv = [str(binary), "-m", str(model_path), "-t", str(n_threads), "-p", str(PP_TOKENS), "-n", "128",
             "-b", "512", "-ub", "512", "-r", "3", "-o", "json"]
-    if not probe_backends().cpu_extra_buffers:  # it segfaults on AMX builds too, like the engine would
+    if amx_kernels(probe_backends().system_info):  # it segfaults on AMX builds, like the engine would
         argv += ["--repack", "0"]
     out = runner(argv)
     rows = json.loads(out)

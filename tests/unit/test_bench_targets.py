@@ -70,9 +70,9 @@ def test_launch_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert lcp[:3] == [sys.executable, "-m", "llama_cpp.server"]
     assert lcp[3:] == ["--model", "/models/m.gguf", "--n_threads", "3", "--n_ctx", "2048",
                        "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", "7"]
-    no_amx = LaunchSettings(Path("/models/m.gguf"), threads=3, slots=2, ctx=2048, extra_buffers=False)
-    assert launch_command("llama-server", 7, no_amx)[-1] == "--no-repack"
-    assert "--no-repack" not in launch_command("edge", 7, no_amx)  # edge decides for itself
+    amx = LaunchSettings(Path("/models/m.gguf"), threads=3, slots=2, ctx=2048, extra_buffers=False)
+    assert launch_command("llama-server", 7, amx)[-1] == "--no-repack"
+    assert "--no-repack" not in launch_command("edge", 7, amx)  # edge decides for itself
 
 
 def test_missing_llama_server_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

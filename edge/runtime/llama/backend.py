@@ -58,19 +58,28 @@ def compiled_backends(info: BackendInfo) -> tuple[str, ...]:
 EXTRA_BUFFERS_ENV = "EDGE_LLAMA_EXTRA_BUFFERS"  # "1"/"0" overrides extra_buffers_default()
 
 
+def amx_kernels(system_info: str) -> bool:
+    """The build carries ggml's AMX matmul, which crashes on prompt batches in 0.3.36: llama.cpp's
+    own tools need `--no-repack` there too (the benchmarks' baselines ask for it then only)."""
+    return "AMX_INT8 = 1" in system_info
+
+
 def extra_buffers_default(system_info: str, env: dict[str, str] | None = None) -> bool:
     """Whether weights may go to ggml's extra CPU buffer types (AMX tiles, repacked layouts).
 
-    Off where the build carries ggml's AMX kernels: in llama-cpp-python 0.3.36 built on a
-    Xeon with amx_int8, the first batch of more than one token (any prompt) dies with
-    SIGSEGV in ggml_backend_amx_mul_mat (SmolLM2-135M Q4_1). Plain CPU kernels are correct
-    and ran 150 prompt tokens/s on 2 threads there. `EDGE_LLAMA_EXTRA_BUFFERS=1` turns them
-    back on (for a fixed llama.cpp), `=0` off everywhere.
+    On for ARM CPUs only (`NEON = 1`), where the repacked Q4_0/IQ4_NL kernels are what makes
+    prompt processing fast. Off on x86: on a Xeon with amx_int8 this build's AMX matmul dies
+    with SIGSEGV on the first prompt batch, and without AMX (AVX-512, 2 threads) the repacked
+    Q4_K layout measured no faster than the mapped one on the catalog models (decode at 1 and 4
+    sequences and 1,000-token prompts within 5 %), while it costs what the model host needs:
+    repacked weights are private copies, so an evicted model cannot hand its pages to the page
+    cache and be mapped back (runtime/kv/residency.py `_pages_only`); its reload parses and
+    repacks the file again. `EDGE_LLAMA_EXTRA_BUFFERS=1` turns them on, `=0` off everywhere.
     """
     value = (os.environ if env is None else env).get(EXTRA_BUFFERS_ENV, "").strip()
     if value in ("0", "1"):
         return value == "1"
-    return "AMX_INT8 = 1" not in system_info
+    return "NEON = 1" in system_info and not amx_kernels(system_info)
 
 
 @functools.lru_cache(maxsize=1)

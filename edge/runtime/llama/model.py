@@ -105,8 +105,8 @@ def extra_buffers() -> bool:
     on = probe_backends().cpu_extra_buffers
     if not on and not _Backend.warned_extra:
         _Backend.warned_extra = True
-        log.info("ggml extra CPU buffer types (AMX, repack) off: this build's AMX matmul crashes "
-                 "on prompt batches; set %s=1 to try them", EXTRA_BUFFERS_ENV)
+        log.info("ggml extra CPU buffer types (AMX, repack) off: weights stay mapped from the file "
+                 "(backend.extra_buffers_default says why); set %s=1 to try them", EXTRA_BUFFERS_ENV)
     return on
 
 
