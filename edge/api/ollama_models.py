@@ -34,7 +34,7 @@ from edge.api.respond import NdjsonStream, json_body, ndjson_line
 from edge.api.schemas import parse_model
 from edge.api.state import ApiState
 from edge.errors import EdgeError, InvalidRequest, ModelNotFound
-from edge.gguf import GGUFInfo, validate_gguf
+from edge.gguf import GGUFInfo, validated
 from edge.host.residency import ModelState
 from edge.planner import MemoryPlan
 from edge.store import ModelStore, sha256_file, store_for
@@ -86,7 +86,7 @@ def _facts(st: ApiState) -> dict[str, Any]:
         facts["modified_at"] = _rfc3339(datetime.fromtimestamp(stat.st_mtime, timezone.utc))
         facts["digest"] = _digest(st, path)
         try:
-            info = validate_gguf(path)
+            info = validated(path)
         except EdgeError:
             info = None
         if info is not None:

@@ -37,14 +37,14 @@ def _utc_now() -> datetime:
 def model_facts(role: str, path: Path, previous: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A model file's identity: sha256 (reused from the last record when the file's path, size and
     mtime are unchanged: hashing gigabytes on every start is slow), quantization, architecture."""
-    from edge.gguf import validate_gguf
+    from edge.gguf import validated
     from edge.store_fetch import sha256_file
 
     path = path.resolve()
     st = path.stat()
     facts: dict[str, Any] = {"role": role, "path": str(path), "size_bytes": st.st_size,
                              "mtime_ns": st.st_mtime_ns}
-    info = validate_gguf(path)
+    info = validated(path)
     facts["quantization"] = (info.file_type or "unknown").removeprefix("MOSTLY_").removeprefix("ALL_")
     facts["architecture"] = info.architecture
     key = ("path", "size_bytes", "mtime_ns")

@@ -159,14 +159,15 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge.api.app import create_app
     from edge.service.agent import agent_bind
 
     settings = settings_of(args)
     api_key = bind_api_key(settings)
     agent_at = agent_bind(settings, keyed=api_key is not None)
     host, first = open_host(args.model or [None], settings, preload=not args.lazy)
-    preload = Preload(host)  # the weights load while the API is built: nothing waits for imports
+    preload = Preload(host)  # the weights load (in C, the GIL released) while the API is imported
+    from edge.api.app import create_app
+
     record_start(settings, [first.path])  # deployments/<UTC time>.json: what this start runs
     scheduler = None if args.no_scheduler else build_scheduler(settings, host)
     app = create_app(settings, host, scheduler, model_id=first.model_id, model_aliases=first.aliases,

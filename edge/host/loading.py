@@ -58,14 +58,14 @@ def plan_for(
     profile: Callable[[Settings], DeviceProfile | None] = _profile,
 ) -> tuple[Path, MemoryPlan]:
     """(validated path, MemoryPlan). Raises ModelNotFound, InvalidGGUF."""
-    from edge.gguf import validate_gguf
+    from edge.gguf import validated
     from edge.store import resolve_model
 
     path = resolve_model(str(model_ref), settings)
     draft = None
     if settings.speculative == "draft" and settings.draft_model:
-        draft = validate_gguf(resolve_model(settings.draft_model, settings))
-    plan = size_for(validate_gguf(path), settings, profile(settings), available_bytes(), draft=draft)
+        draft = validated(resolve_model(settings.draft_model, settings))
+    plan = size_for(validated(path), settings, profile(settings), available_bytes(), draft=draft)
     return Path(path), plan
 
 
@@ -128,11 +128,11 @@ def template_choice(settings: Settings) -> TemplateChoice | None:
 
 
 def _checked_file(ref: str, settings: Settings) -> Path:
-    from edge.gguf import validate_gguf
+    from edge.gguf import validated
     from edge.store import resolve_model
 
     path = resolve_model(ref, settings)
-    validate_gguf(path)  # llama.cpp never opens a file edge has not checked
+    validated(path)  # llama.cpp never opens a file edge has not checked
     return Path(path)
 
 

@@ -314,3 +314,28 @@ def test_random_header_corruption_never_escapes_as_another_error(tmp_path: Path)
             outcomes["invalid"] += 1
     assert outcomes["invalid"] > 100
     assert time.perf_counter() - t0 < 20
+
+
+def test_validated_parses_a_file_once_and_a_rewritten_file_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from edge.gguf import validate as v
+
+    path = write_tiny_model(tmp_path / "m.gguf")
+    calls: list[Path] = []
+    real = v.validate_gguf
+    monkeypatch.setattr(v, "validate_gguf", lambda p: calls.append(Path(p)) or real(p))
+    first = v.validated(path)
+    assert v.validated(path) is first and v.validated(str(path)) is first
+    assert len(calls) == 1
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # rewritten: another identity
+    assert v.validated(path) == first and len(calls) == 2
+    path.write_bytes(b"GGUF" + b"\0" * 8)  # broken now: the error, and it is never kept
+    for _ in range(2):
+        with pytest.raises(InvalidGGUF):
+            v.validated(path)
+    assert len(calls) == 4
+    with pytest.raises(ModelNotFound):
+        v.validated(tmp_path / "gone.gguf")
