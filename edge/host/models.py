@@ -252,6 +252,14 @@ class ModelHost:
         self._unload_engine(h)
         return h.state is ModelState.COLD
 
+    def import_runtime(self) -> None:
+        """Import what a load runs (llama.cpp's bindings, the GGUF reader, the engine) on the caller's
+        thread: a start that then imports its API beside the load holds the GIL for imports while
+        the load runs in C, rather than the two threads taking turns at importing."""
+        import edge.gguf  # noqa: F401
+        import edge.planner  # noqa: F401
+        import edge.runtime.engine.core  # noqa: F401
+
     def start(self) -> None:
         """Load the models named at start, in order (blocking); raises what the first failure raised.
         Without preloading (`--lazy`) nothing loads before its first request."""
