@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     api_key = bind_api_key(settings)
     agent_at = agent_bind(settings, keyed=api_key is not None)
     host, first = open_host(args.model or [None], settings, preload=not args.lazy)
-    host.import_runtime()  # first: then the load's own Python is short and its C part overlaps the API's imports
+    host.import_runtime()  # first: the load's own Python is then short, its C part overlaps what follows
     preload = Preload(host)  # the weights load (in C, the GIL released) while the API is imported
     from edge.api.app import create_app
 

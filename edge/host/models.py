@@ -256,8 +256,8 @@ class ModelHost:
         """Import what a load runs (llama.cpp's bindings, the GGUF reader, the engine) on the caller's
         thread: a start that then imports its API beside the load holds the GIL for imports while
         the load runs in C, rather than the two threads taking turns at importing."""
-        import edge.gguf  # noqa: F401
-        import edge.planner  # noqa: F401
+        import edge.gguf
+        import edge.planner
         import edge.runtime.engine.core  # noqa: F401
 
     def start(self) -> None:
