@@ -97,6 +97,8 @@ async def status(request: Request) -> dict[str, Any]:
     except Exception:  # engine still loading
         stats = None
     plan = st.plan
+    if plan is None and st.host is not None:  # the plan of the model served first, as one-model serve showed
+        plan = next((h.plan for h in st.host.models() if h.ref.key == st.model_id), None)
     plan_json = _plain(plan) if plan is not None else None
     return {
         "version": __version__,

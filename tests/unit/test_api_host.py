@@ -77,6 +77,17 @@ def test_status_and_metrics_show_each_model_and_the_budget() -> None:
     assert "edge_host_memory_budget_bytes" in text
 
 
+def test_status_shows_the_memory_plan_of_the_model_served_first() -> None:
+    box = Box(1300)
+    app = create_app(Settings(), box.host, None, api_key="", host=box.host, model_id="smol")  # type: ignore[arg-type]
+    c = TestClient(app)
+    assert c.get("/v1/status").json()["plan"] is None  # not planned before its first load
+    chat(c, "smol")
+    chat(c, "gemma")
+    plan = c.get("/v1/status").json()["plan"]
+    assert plan is not None and plan["total_bytes"] - plan["reserve_bytes"] == 400 * MiB  # smol's
+
+
 def test_a_request_leases_its_model_until_the_response_has_been_sent() -> None:
     c, box = client()
     chat(c, "smol")

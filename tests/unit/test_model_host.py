@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -81,6 +81,17 @@ def test_busy_models_split_the_threads_the_controller_allows() -> None:
 SIZES_MIB = {"smol": 400, "gemma": 470, "qwen": 750}
 
 
+@dataclass(frozen=True)
+class FakePlan:
+    """What the host reads of a MemoryPlan."""
+
+    total_bytes: int
+    reserve_bytes: int
+    fits: bool
+    reason: str
+    gpu_bytes: int
+
+
 class Box:
     """A host over three scripted models; records every engine it builds."""
 
@@ -99,8 +110,8 @@ class Box:
 
     def plan(self, path: Path, budget: int) -> Any:
         need = self.sizes[path.stem] * MiB
-        return SimpleNamespace(total_bytes=need + 64 * MiB, reserve_bytes=64 * MiB, fits=need <= budget,
-                               reason="" if need <= budget else "too large", gpu_bytes=0)
+        return FakePlan(total_bytes=need + 64 * MiB, reserve_bytes=64 * MiB, fits=need <= budget,
+                        reason="" if need <= budget else "too large", gpu_bytes=0)
 
     def build(self, path: Path, plan: Any) -> ScriptedEngine:
         box = self
