@@ -24,7 +24,7 @@ from edge.runtime.step.slots import StashView, common_prefix_len
 class Entry:
     key: int
     tokens: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview  # LlamaContext.seq_state: a view of its own anonymous mapping
     last_used: int
 
     def view(self) -> StashView:
@@ -49,7 +49,7 @@ class HostCache:
     def views(self) -> tuple[StashView, ...]:
         return tuple(e.view() for e in self.entries.values())
 
-    def put(self, tokens: Sequence[int], data: bytes, keep: Collection[int] = ()) -> bool:
+    def put(self, tokens: Sequence[int], data: bytes | memoryview, keep: Collection[int] = ()) -> bool:
         """Keep a slot's cache (True when it is held afterwards); an entry it extends goes, and
         it is not kept twice if one extends it. Entries in `keep` (those a step about to run
         restores) stay whatever this costs."""
