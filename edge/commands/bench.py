@@ -29,7 +29,7 @@ from typing import Any
 
 from edge.commands._common import add_settings_args, settings_from_args
 
-SETTLE_COMPARE_S = 8.0  # contention_up_s (5 s) + a reading + margin: see _settle_s
+SETTLE_COMPARE_S = 2.0  # a reading, contention_up_s (0.25 s) and margin: see _settle_s
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -223,9 +223,9 @@ def _slots_sweep(args: argparse.Namespace, compare: tuple[Any, ...]) -> tuple[in
 
 
 def _settle_s(given: float | None, comparing: bool) -> float:
-    """The pause between steps: edge's contention stage restores decode threads only after the
-    cores have been free for `contention_up_s` (5 s) plus a reading, so a target measured right
-    after another one's load would start on fewer threads than a user gets."""
+    """The pause between steps: edge's contention stage restores decode threads once the cores
+    have been free for a reading and `contention_up_s` (under a second), so a target measured
+    right after another one's load would otherwise start on fewer threads than a user gets."""
     if given is not None:
         return given
     return SETTLE_COMPARE_S if comparing else 0.0

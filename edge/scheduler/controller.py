@@ -315,6 +315,8 @@ def next_state(v: Verdicts, inp: ControlInput, state: ControllerState, fr: Frame
         learned_s=th.learned_s,
         threads_cap=v.threads.cap,
         threads_pending_s=v.threads.pending_s,
+        threads_restored_s=v.threads.restored_s,
+        threads_backoff=v.threads.backoff,
         power_level=pv.level,
         power_change_s=now if pv.level != state.power_level else state.power_change_s,
         power_integral=pv.integral,

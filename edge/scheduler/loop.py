@@ -35,6 +35,7 @@ log = logging.getLogger("edge.scheduler")
 
 INTERVAL_S = 1.0  # poll period when cool
 FAST_INTERVAL_S = 0.5  # poll period while limiting, paused or guarding
+CAPPED_INTERVAL_S = 0.25  # while CPU contention holds threads back: they return this soon (contention.py)
 
 
 class MonitorLike(Protocol):
@@ -243,6 +244,8 @@ class SchedulerLoop:
 
     def interval_s(self) -> float:
         d = self.decision
+        if d is not None and d.threads_cap is not None:
+            return CAPPED_INTERVAL_S
         return INTERVAL_S if d is None or d.mode is ThermalMode.NOMINAL else FAST_INTERVAL_S
 
     def run_forever(self, stop_event: threading.Event) -> None:

@@ -224,7 +224,9 @@ class ControllerConfig:
     footprint_bytes: int = 0  # memory a reload takes back (the memory plan's total less its reserve)
     # CPU contention: decode threads = cores actually free (other processes' use rounded, at least 1)
     contention_down_s: float = 2.0  # fewer threads once a neighbour has taken a core this long ...
-    contention_up_s: float = 5.0  # ... and back up once the cores have been free this long
+    contention_up_s: float = 0.25  # ... and back up once the cores have been free this long,
+    contention_flap_s: float = 10.0  # times 2 for each drop this soon after a restore (contention.py)
+    contention_backoff_max: float = 32.0  # the restore's wait is at most contention_up_s times this
     # power (scheduler/power.py); budgets in watts, None: none
     power_budget_w: float | None = None  # --power-budget: beats every other budget
     profile_power_budget_w: float | None = None  # the profile's, on mains
@@ -304,6 +306,8 @@ class ControllerState:
     evicted: bool = False  # memory emergency: all work shed, model unloaded until memory is back
     threads_cap: int | None = None  # decode threads the CPU contention allows (None: no cap)
     threads_pending_s: float | None = None  # since when contention has called for another cap
+    threads_restored_s: float | None = None  # when contention last gave threads back
+    threads_backoff: float = 1.0  # the restore's wait, in contention_up_s: doubled by each flap
     power_level: int = 0  # ladder index the power budget allowed last time
     power_change_s: float | None = None  # when it last changed (steps up are rate-limited)
     power_integral: float = 0.0  # load-seconds
