@@ -159,7 +159,7 @@ def test_speculative_sampling_leaves_the_distribution_unchanged() -> None:
 
 def test_acceptance_rate_tracks_observations() -> None:
     a = Acceptance()
-    assert a.rate(2) == pytest.approx(PRIOR_RATES[0])
+    assert MIN_RATE < a.rate(2) < PRIOR_RATES[0]  # the prior's mean, less its standard error: no evidence yet
     for _ in range(30):
         a.observe(2, 4, 4)  # every draft fully accepted
     assert a.rate(2) > 0.95

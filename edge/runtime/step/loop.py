@@ -48,6 +48,8 @@ from edge.runtime.step.stats import embed_counts, snapshot
 from edge.runtime.types import EngineStats, FinishReason
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from edge.clock import Clock
     from edge.runtime.engine.mailbox import Mail, Mailbox
     from edge.runtime.kv.residency import Live, Residency
@@ -68,8 +70,9 @@ class StepLoop:
 
     def __init__(self, mailbox: Mailbox, residency: Residency, clock: Clock, n_slots: int,
                  step_token_budget: int, sample_hook: SampleHook | None = None,
-                 speculation: Speculation | None = None, host_cache_bytes: int = 0) -> None:
-        self.mailbox = mailbox
+                 speculation: Speculation | None = None, host_cache_bytes: int = 0,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self.mailbox, self.timer = mailbox, timer  # timer: steps and decodes (the step-cost model's y)
         self.res = residency
         self.clock = clock
         self.n_slots = n_slots
@@ -220,7 +223,7 @@ class StepLoop:
 
     def _step(self, live: Live, plan: StepPlan) -> float:
         """Carry out one plan. Returns the step's wall time (0 when there was nothing to run)."""
-        t0 = time.perf_counter()
+        t0 = self.timer()
         self._step_no += 1
         short, refused = self._admit(live, plan.admit)
         self.outcome = StepOutcome(short, refused)
@@ -241,7 +244,7 @@ class StepLoop:
                 n_pre += ch.n
             if ch.wants_logits:
                 self.delivery.sample(live, self.running[ch.seq_id])
-        step_s, decode_s = time.perf_counter() - t0, self._decode_s
+        step_s, decode_s = self.timer() - t0, self._decode_s
         self.spec.observe_step(self._batch_tokens, decode_s)
         self.perf.add(step_s, decode_s, self.delivery.sample_s, n_dec, n_pre)
         self.publish(step_s, decode_s, n_dec, n_pre)
@@ -308,9 +311,9 @@ class StepLoop:
         while chunks:
             self._fill(batch, chunks)
             self._batch_tokens += sum(ch.n for ch in chunks)
-            td = time.perf_counter()
+            td = self.timer()
             rc = batch.decode(ctx.ptr)
-            self._decode_s += time.perf_counter() - td
+            self._decode_s += self.timer() - td
             if rc == 0:
                 self._commit(chunks)
                 break
