@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,8 @@ class BenchReport:
     llama_bench_pp_tok_s: float | None = None  # llama-bench pp512, same threads and batch
     llama_bench_tg_tok_s: float | None = None  # llama-bench tg128
     prefill_vs_llama_bench: float | None = None  # target >= 0.9
+    # one stream's step, in ms per step (means over the best round's steps): where it goes
+    step_split_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +114,12 @@ class BenchReport:
             f"   (<= 3%) {mark(self.overhead_share <= 0.03)}   sampling {self.sample_share * 100:.1f} %",
             f"  prompt, {PP_TOKENS} tokens         {self.prefill_tok_s:8.1f} tok/s",
         ]
+        if self.step_split_ms:
+            sp = self.step_split_ms
+            lines.insert(-1, f"  one step, ms               {sp['step']:8.2f}   = llama_decode "
+                         f"{sp['llama_decode']:.2f} + sampling {sp['sampling']:.2f} + step loop (Python) "
+                         f"{sp['loop']:.2f} + delivery and wake-ups {sp['delivery']:.2f}   "
+                         f"(bare loop {sp['bare']:.2f})")
         if self.llama_bench_pp_tok_s is not None and self.prefill_vs_llama_bench is not None:
             ratio = self.prefill_vs_llama_bench
             lines[-1] += (f"   x{ratio:.3f} of llama-bench pp{PP_TOKENS} "
@@ -231,8 +239,8 @@ def run_bench(
         # prompts first, while the cache holds little else: llama-bench's pp512 runs on a fresh
         # context, and other slots' cached prompts make every batch attend over more cells
         prefill, pp, tg = _prefill_rounds(engine, model_path, n_threads, rounds, lb, runner)
-        bare, single, overhead, sample_share = _single_rounds(engine, model_path, n_threads, n_tokens, rounds,
-                                                              sp, runner)
+        bare, single, overhead, sample_share, split = _single_rounds(engine, model_path, n_threads, n_tokens,
+                                                                     rounds, sp, runner)
         multi = bare_multi = 0.0
         for _ in range(rounds):
             bare_multi = max(bare_multi, bare_decode(model_path, n_tokens, n_threads, 4, runner=runner))
@@ -257,6 +265,7 @@ def run_bench(
         cached_tokens=cached,
         overhead_share=overhead,
         sample_share=sample_share,
+        step_split_ms=split,
         prefill_tok_s=prefill,
         llama_bench_pp_tok_s=pp,
         llama_bench_tg_tok_s=tg,
@@ -278,11 +287,15 @@ def _prefill_rounds(engine: Engine, model_path: str | Path, n_threads: int, roun
 
 
 def _single_rounds(engine: Engine, model_path: str | Path, n_threads: int, n_tokens: int, rounds: int,
-                   sp: SamplingParams, runner: Runner) -> tuple[float, float, float, float]:
+                   sp: SamplingParams, runner: Runner) -> tuple[float, float, float, float, dict[str, float]]:
     """Best bare-loop and engine single-stream rates, alternating; with the engine's best round, the
-    share of its wall time outside llama_decode and sampling, and the share spent sampling."""
+    share of its wall time outside llama_decode and sampling, the share spent sampling, and a
+    step's milliseconds split: llama_decode, sampling, the rest of the step loop (planning, the
+    batch, commits), and what lies between steps (events to the consumer, wake-ups, the engine
+    thread's turn); the bare loop's step beside it."""
     bare = single = 0.0
     overhead = sample_share = 1.0
+    split: dict[str, float] = {}
     for _ in range(rounds):
         bare = max(bare, bare_decode(model_path, n_tokens, n_threads, runner=runner))
         engine.perf.reset()
@@ -292,6 +305,13 @@ def _single_rounds(engine: Engine, model_path: str | Path, n_threads: int, n_tok
         rate = _decode_rate(streams)
         perf = engine.perf
         share = (wall - perf.decode_s - perf.sample_s) / wall
-        if rate > single:
+        if rate > single and perf.steps:
             single, overhead, sample_share = rate, share, perf.sample_s / wall
-    return bare, single, overhead, sample_share
+            n, ms = perf.steps, 1e3
+            split = {"step": ms / rate, "llama_decode": perf.decode_s * ms / n,
+                     "sampling": perf.sample_s * ms / n,
+                     "loop": (perf.step_s - perf.decode_s - perf.sample_s) * ms / n}
+            split["delivery"] = max(0.0, split["step"] - perf.step_s * ms / n)
+    if split:
+        split["bare"] = 1e3 / bare if bare else 0.0
+    return bare, single, overhead, sample_share, split

@@ -57,3 +57,17 @@ def test_children_get_the_environment_the_user_set_not_edges_wait_policy() -> No
     out = subprocess.run([sys.executable, "-c", probe], env={**base, "OMP_WAIT_POLICY": "active"},
                          capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["active", "active"]  # the user's own choice reaches both
+
+
+def test_the_report_splits_a_step_into_decode_sampling_loop_and_delivery() -> None:
+    split = {"step": 12.0, "llama_decode": 10.5, "sampling": 0.4, "loop": 0.6, "delivery": 0.5, "bare": 11.0}
+    report = bench.BenchReport(
+        model="m.gguf", n_threads=2, n_tokens=128, bare_tok_s=90.9, engine_tok_s=83.3, engine_vs_bare=0.916,
+        multi_tok_s=120.0, multi_vs_single=1.44, bare_multi_vs_single=1.5, ttft_first_s=0.4,
+        ttft_second_s=0.05, ttft_ratio=0.125, history_tokens=900, cached_tokens=880, overhead_share=0.09,
+        sample_share=0.03, prefill_tok_s=300.0, step_split_ms=split)
+    line = next(ln for ln in report.table().splitlines() if "one step" in ln)
+    assert "12.00" in line and "llama_decode 10.50" in line and "sampling 0.40" in line
+    assert "step loop (Python) 0.60" in line and "delivery and wake-ups 0.50" in line
+    assert "bare loop 11.00" in line
+    assert report.to_dict()["step_split_ms"] == split
