@@ -86,6 +86,9 @@ class ScriptedHandle:
     def cancel(self) -> None:
         self.cancel_requested = True
 
+    def quiet(self) -> None:
+        self.quieted = True
+
     def __iter__(self) -> Iterator[Any]:
         i = 0
         while True:

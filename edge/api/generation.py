@@ -176,6 +176,8 @@ class Generation:
                 # the engine starts the ticket when the sequence takes a slot: it no longer waits
                 handle = st.engine.submit(replace(job.request, priority=self.priority, request_id=rid),
                                           on_start=ticket.start)
+                if not self.stream:
+                    handle.quiet()  # the answer is sent whole: no wake-up per step
                 self.handles.append(handle)
                 st.track(rid, handle)
         except BaseException:

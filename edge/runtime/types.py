@@ -138,6 +138,8 @@ class RequestHandleLike(Protocol):
 
     def cancel(self) -> None: ...  # frees the sequence and its KV at the next step
 
+    def quiet(self) -> None: ...  # an asyncio consumer woken for the first token and the end only
+
     @property
     def done(self) -> bool: ...
 

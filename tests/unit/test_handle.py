@@ -92,3 +92,32 @@ def test_cancel_after_finish_is_a_no_op() -> None:
     assert h.text() == "done"
     h.cancel()
     assert calls == []
+
+
+def test_a_quiet_consumer_is_woken_for_the_first_token_and_the_end_only() -> None:
+    async def main() -> list[str]:
+        h = RequestHandle("r")
+        h.quiet()
+        got: list[str] = []
+
+        async def consume() -> None:
+            async for ev in h:
+                got.append(ev.text)
+
+        task = asyncio.create_task(consume())
+        for _ in range(3):
+            await asyncio.sleep(0)  # the consumer waits
+        h._push(TokenEvent("a", 1))  # the first token wakes it: its time is the TTFT
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert got == ["a"]
+        h._push(TokenEvent("b", 1))
+        h._push(TokenEvent("c", 1))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert got == ["a"]  # no wake-up per token
+        h._push(TokenEvent("", 0, finish_reason=FinishReason.STOP))
+        await asyncio.wait_for(task, 5)
+        return got
+
+    assert asyncio.run(main()) == ["a", "b", "c", ""]
