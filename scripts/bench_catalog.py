@@ -46,7 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
+from bench_host import Sampler as PeakRss  # the process tree's peak RSS at 10 Hz
+from bench_host import no_repack
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = ("smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct")
@@ -70,31 +71,6 @@ class Result:
     ttft_s: float = 0.0
     peak_rss_bytes: int = 0
     errors: list[str] = field(default_factory=list)
-
-
-def tree_rss(pid: int) -> int:
-    try:
-        p = psutil.Process(pid)
-        return p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
-    except psutil.Error:
-        return 0
-
-
-class PeakRss(threading.Thread):
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.peak, self.stop_ev = pid, 0, threading.Event()
-
-    def run(self) -> None:
-        while not self.stop_ev.is_set():
-            self.peak = max(self.peak, tree_rss(self.pid))
-            self.stop_ev.wait(0.1)
-
-
-def no_repack() -> list[str]:
-    from edge.runtime.llama.backend import amx_kernels, probe_backends
-
-    return ["--no-repack"] if amx_kernels(probe_backends().system_info) else []
 
 
 def command(target: str, model: Path, port: int, args: argparse.Namespace) -> tuple[list[str], str]:

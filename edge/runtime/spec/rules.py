@@ -239,9 +239,11 @@ class StepCost:
             return c_lo + (c_hi - c_lo) * (n_tokens - lo) / (hi - lo)
         base_n = lo if lo is not None else hi
         assert base_n is not None
-        near = sorted(self.by_n, key=lambda n: abs(n - base_n))[:2]  # base_n and its neighbour
-        if len(near) == 2:
-            a, b = sorted(near)
+        if lo is not None:  # every size measured lies below: lo and the next one down
+            a, b = max((n for n in self.by_n if n < lo), default=None), lo
+        else:  # every size measured lies above: hi and the next one up
+            a, b = base_n, min((n for n in self.by_n if n > base_n), default=None)
+        if a is not None and b is not None:
             per_token = max((self.by_n[b] - self.by_n[a]) / (b - a), 0.0)
         else:
             per_token = max(self.by_n[base_n] / base_n * self.prior_slope, 0.0)
