@@ -21,6 +21,7 @@ from pathlib import Path
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edge.errors import InvalidGGUF, ModelNotFound
+from edge.gguf.checked import CheckedFiles, identity_key
 from edge.gguf.info import GGUFInfo, build_info
 from edge.gguf.reader import RawGGUF, RawTensor, parse_gguf, shown
 
@@ -151,25 +152,32 @@ def _mmap_readonly(fd: int, size: int) -> mmap.mmap:
 _VALIDATED: OrderedDict[tuple[str, int, int, int, int, int], GGUFInfo] = OrderedDict()
 _VALIDATED_MAX = 32  # store-sized: every model a host serves stays parsed
 _VALIDATED_LOCK = threading.Lock()
+KEPT = CheckedFiles()  # across starts (checked.py)
 
 
-def validated(path: str | Path) -> GGUFInfo:
-    """`validate_gguf(path)`, parsed once per file per process: a model's load, its plan and its
-    deployment record each asked again, and Gemma 3's 262k-token vocabulary takes 0.16 s of
-    Python to check. Keyed by the file's identity (device, inode, size, mtime, ctime), so a
-    replaced or rewritten file is checked anew; failures are never kept."""
+def validated(path: str | Path, kept: CheckedFiles | None = KEPT) -> GGUFInfo:
+    """`validate_gguf(path)`, parsed once per file: a model's load, its plan and its deployment
+    record each ask, and Gemma 3's 262k-token vocabulary takes 0.16 s of Python to check. Kept in
+    this process and, through `kept`, across starts; keyed by the file's identity (device, inode,
+    size, mtime, ctime), so a replaced or rewritten file is checked anew; failures are never kept."""
     p = Path(path)
     try:
         st = p.stat()
     except OSError:
         return validate_gguf(p)  # its own ModelNotFound / InvalidGGUF
-    key = (str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    resolved = p.resolve()
+    key = (str(resolved), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with _VALIDATED_LOCK:
         info = _VALIDATED.get(key)
         if info is not None:
             _VALIDATED.move_to_end(key)
             return info
-    info = validate_gguf(p)
+    disk_key = identity_key(resolved, st)
+    info = kept.load(disk_key) if kept is not None else None
+    if info is None:
+        info = validate_gguf(p)
+        if kept is not None:
+            kept.save(disk_key, info)
     with _VALIDATED_LOCK:
         _VALIDATED[key] = info
         while len(_VALIDATED) > _VALIDATED_MAX:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import struct
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from edge.cli import main
 from edge.errors import InvalidGGUF, ModelNotFound
-from edge.gguf import validate_gguf
+from edge.gguf import GGUFInfo, validate_gguf
 from tests.ggufgen import (
     ARRAY,
     FLOAT32,
@@ -339,3 +340,57 @@ def test_validated_parses_a_file_once_and_a_rewritten_file_again(
     assert len(calls) == 4
     with pytest.raises(ModelNotFound):
         v.validated(tmp_path / "gone.gguf")
+
+
+def test_a_validated_file_is_kept_across_starts_and_checked_again_once_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second process (the in-memory cache cleared) reads the kept facts instead of re-walking
+    the vocabulary; a rewrite, a damaged entry or another CHECKS_VERSION validates anew."""
+    import os
+
+    from edge.gguf import checked
+    from edge.gguf import validate as v
+
+    kept = checked.CheckedFiles(root=lambda: tmp_path / "cache")
+    path = write_tiny_model(tmp_path / "m.gguf")
+    calls: list[Path] = []
+    real = v.validate_gguf
+    monkeypatch.setattr(v, "validate_gguf", lambda p: calls.append(Path(p)) or real(p))
+
+    def new_start() -> GGUFInfo:
+        v._VALIDATED.clear()
+        return v.validated(path, kept)
+
+    first = new_start()
+    assert new_start() == first and len(calls) == 1  # read back, not parsed
+    assert new_start().tensors == first.tensors and isinstance(first.tensors[0].shape, tuple)
+    (entry,) = (tmp_path / "cache" / "gguf-checked").glob("*.json")
+    entry.write_text("{not json")
+    assert new_start() == first and len(calls) == 2  # damaged: checked again and rewritten
+    monkeypatch.setattr(checked, "CHECKS_VERSION", checked.CHECKS_VERSION + 1)
+    assert new_start() == first and len(calls) == 3  # a newer validator checks again
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert new_start() == first and len(calls) == 4
+    path.write_bytes(b"GGUF" + b"\0" * 8)
+    with pytest.raises(InvalidGGUF):
+        new_start()
+    with pytest.raises(InvalidGGUF):
+        new_start()  # a failure is never kept
+    assert len(calls) == 6
+
+
+def test_kept_checks_round_trip_every_value_kind_and_stay_bounded(tmp_path: Path) -> None:
+    from edge.gguf import checked
+    from edge.gguf.reader import GGUFArray, SkippedString
+
+    info = validate_gguf(write_tiny_model(tmp_path / "m.gguf"))
+    meta = {**info.metadata, "a": GGUFArray("string", 3, ("x", "y", "z")),
+            "big": GGUFArray("int32", 10**6, None), "long": SkippedString(1 << 20), "f": 1e-6, "flag": True}
+    rich = dataclasses.replace(info, metadata=meta, n_head_kv=(2, 2), swa_layers=(True, False))
+    assert checked.from_text(checked.to_text(rich)) == rich
+    assert checked.from_text('{"version": 0, "info": {}}') is None
+    kept = checked.CheckedFiles(root=lambda: tmp_path / "c")
+    for i in range(checked.KEEP_FILES_MAX + 5):
+        kept.save(f"k{i}", info)
+    assert len(list((tmp_path / "c" / "gguf-checked").glob("*.json"))) == checked.KEEP_FILES_MAX

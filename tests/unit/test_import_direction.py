@@ -23,6 +23,7 @@ _ABOVE_RUNTIME = {"api", "scheduler", "service", "sim", "commands", "bench", "ho
 FORBIDDEN: dict[str, set[str]] = {
     "contracts": {"*"},  # leaf types every layer may name
     "platforms": {"*"},  # platform detection stands alone
+    "dirs": {"*"},  # where caches live: a leaf every layer may ask
     "telemetry": {"runtime", "api", "sim", "scheduler", "service", "commands", "probe", "config", "host"},
     "probe": {"runtime", "api", "sim", "scheduler", "service", "commands", "host"},
     # the runtime gets one EngineConfig from the host: no settings, store, planner, probe or GGUF checks

@@ -18,17 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from edge.dirs import cache_dir
+
 log = logging.getLogger("edge.engine")
-
-
-def cache_dir() -> Path:
-    """`EDGE_CACHE_DIR`, else the per-user cache directory."""
-    env = os.environ.get("EDGE_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("edge", appauthor=False))
 
 
 @functools.lru_cache(maxsize=1)
