@@ -150,10 +150,13 @@ def record_start(settings: Settings, model_paths: Sequence[Path]) -> Path | None
     return path
 
 
-def load_records(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """Every readable record, oldest first (by start time, then name); unreadable files skipped."""
+def load_records(directory: Path, newest: int | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Every readable record (or those of the `newest` file names), oldest first (by start time,
+    then name); unreadable files skipped. Names are UTC start times, so `newest` reads a few files
+    where a box restarted for months has thousands."""
+    paths = sorted(directory.glob("*.json")) if directory.is_dir() else []
     out = []
-    for path in directory.glob("*.json") if directory.is_dir() else ():
+    for path in paths[-newest:] if newest else paths:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -165,5 +168,5 @@ def load_records(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def latest_models(directory: Path) -> list[dict[str, Any]]:
-    records = load_records(directory)
+    records = load_records(directory, newest=3)  # a second start in one second sorts by content
     return list(records[-1][1].get("models", [])) if records else []

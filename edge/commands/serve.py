@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -169,32 +170,59 @@ def run(args: argparse.Namespace) -> int:
     preload = Preload(host)  # the weights load (in C, the GIL released) while the API is imported
     from edge.api.app import create_app
 
-    record_start(settings, [first.path])  # deployments/<UTC time>.json: what this start runs
     scheduler = None if args.no_scheduler else build_scheduler(settings, host)
     app = create_app(settings, host, scheduler, model_id=first.model_id, model_aliases=first.aliases,
                      api_key=api_key or "", model_path=first.path, host=host)
+    # deployments/<UTC time>.json, what this start runs: written once the models named have loaded
+    # (or failed to), off the path to the first token (a first start hashes each model file)
+    preload.then(lambda: record_start(settings, [first.path]))
     return _serve(app, settings, preload, scheduler, agent_at, auth=bool(api_key),
                   verbose=bool(getattr(args, "verbose", False)), model_path=first.path)
 
 
 class Preload:
     """`engine.start()` (the models named at start) on its own thread from the moment the host
-    exists; `wait()` returns what it raised, if anything."""
+    exists; `wait()` returns what it raised, if anything. Work given to `then` runs on the same
+    thread after the load, so the first token never waits for it."""
 
     def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.error: Exception | None = None
+        self._loaded = threading.Event()
+        self._lock = threading.Lock()
+        self._after: list[Callable[[], object]] = []
+        self._done = False  # the thread has run out of work: `then` runs its own
         self._thread = threading.Thread(target=self._run, name="edge-preload", daemon=True)
         self._thread.start()
+
+    def then(self, work: Callable[[], object]) -> None:
+        """Run `work` once the load has ended, however it ended (at once, here, if it has)."""
+        with self._lock:
+            if not self._done:
+                self._after.append(work)
+                return
+        work()
 
     def _run(self) -> None:
         try:
             self.engine.start()
         except Exception as exc:
             self.error = exc
+        self._loaded.set()
+        while True:
+            with self._lock:
+                if not self._after:
+                    self._done = True
+                    return
+                work = self._after.pop(0)
+            try:
+                work()
+            except Exception:  # an afterthought never fails the start
+                log.exception("after the model load")
 
     def wait(self, timeout_s: float | None = None) -> Exception | None:
-        self._thread.join(timeout_s)
+        """The load's outcome (work queued by `then` may still be running)."""
+        self._loaded.wait(timeout_s)
         return self.error
 
 

@@ -133,4 +133,5 @@ def make_config(app: Any, host: str, port: int, log_level: str = "info") -> uvic
         lifespan="off",
         log_config=None,  # keep the CLI's logging setup
         server_header=False,
+        ws="none",  # edge serves no WebSocket route: importing a websockets stack costs each start ~50 ms
     )

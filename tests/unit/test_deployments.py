@@ -157,3 +157,21 @@ def test_report_folders_are_never_reused(tmp_path: Path) -> None:
     (second / "x").write_text("")
     assert fresh_dir(base) == tmp_path / "edge-report-2026-01-02-3"
     assert (first / "report.md").read_text() == "kept"
+
+
+def test_the_last_record_is_found_without_reading_months_of_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A start reuses the last record's digests; it reads the newest few files, not all of them
+    (an unreadable old file would otherwise be parsed, and logged, on every start)."""
+    d = tmp_path / "deployments"
+    d.mkdir()
+    for day in range(1, 21):
+        (d / f"2026-01-{day:02d}T00-00-00Z.json").write_text("{broken" if day < 18 else json.dumps(
+            {"schema": deployments.SCHEMA, "started_at": f"2026-01-{day:02d}T00:00:00Z",
+             "models": [{"role": "served", "sha256": f"{day}"}]}))
+    caplog.set_level(logging.WARNING, "edge.deployments")
+    assert deployments.latest_models(d) == [{"role": "served", "sha256": "20"}]
+    assert "skipping unreadable" not in caplog.text  # the 17 old files were never opened
+    assert [p.name[:10] for p, _ in deployments.load_records(d, newest=3)] == [
+        "2026-01-18", "2026-01-19", "2026-01-20"]
+    assert len(deployments.load_records(d)) == 3 and "skipping unreadable" in caplog.text

@@ -1,0 +1,46 @@
+"""`edge serve`'s preload: the deployment record and other afterthoughts run after the load, and
+never hold up the scheduler that waits for the load."""
+
+from __future__ import annotations
+
+import threading
+
+from edge.commands.serve import Preload
+
+
+class _Engine:
+    def __init__(self, fail: bool = False) -> None:
+        self.go = threading.Event()
+        self.fail = fail
+
+    def start(self) -> None:
+        assert self.go.wait(10)
+        if self.fail:
+            raise RuntimeError("bad file")
+
+
+def test_afterthoughts_run_after_the_load_and_wait_does_not_wait_for_them() -> None:
+    engine, order = _Engine(), []
+    hold = threading.Event()
+    p = Preload(engine)  # type: ignore[arg-type]
+    p.then(lambda: (order.append("record"), hold.wait(10)))
+    p.then(lambda: order.append("second"))
+    assert p.wait(0.05) is None and order == []  # not loaded yet: nothing ran
+    engine.go.set()
+    assert p.wait(10) is None  # the load's outcome, while the record is still being written
+    assert order == ["record"]
+    hold.set()
+    p._thread.join(10)
+    assert order == ["record", "second"]
+    p.then(lambda: order.append("late"))  # after everything ended: runs here, at once
+    assert order[-1] == "late"
+
+
+def test_afterthoughts_run_when_the_load_fails_and_their_errors_are_not_the_loads() -> None:
+    engine, order = _Engine(fail=True), []
+    p = Preload(engine)  # type: ignore[arg-type]
+    p.then(lambda: 1 / 0)
+    p.then(lambda: order.append("record"))
+    engine.go.set()
+    p._thread.join(10)
+    assert isinstance(p.wait(0), RuntimeError) and order == ["record"]
