@@ -174,10 +174,13 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings, host, scheduler, model_id=first.model_id, model_aliases=first.aliases,
                      api_key=api_key or "", model_path=first.path, host=host)
     # deployments/<UTC time>.json, what this start runs: written once the models named have loaded
-    # (or failed to), off the path to the first token (a first start hashes each model file)
-    preload.then(lambda: record_start(settings, [first.path]))
+    # (or failed to) and the first requests had the cores (a first start hashes each model file)
+    preload.then(lambda: record_start(settings, [first.path]), after_s=RECORD_AFTER_S)
     return _serve(app, settings, preload, scheduler, agent_at, auth=bool(api_key),
                   verbose=bool(getattr(args, "verbose", False)), model_path=first.path)
+
+
+RECORD_AFTER_S = 3.0  # the deployment record waits this long after the load
 
 
 class Preload:
@@ -190,18 +193,25 @@ class Preload:
         self.error: Exception | None = None
         self._loaded = threading.Event()
         self._lock = threading.Lock()
-        self._after: list[Callable[[], object]] = []
+        self._after: list[tuple[Callable[[], object], float]] = []
         self._done = False  # the thread has run out of work: `then` runs its own
+        self._hurry = threading.Event()  # the server is ending: no more waiting
         self._thread = threading.Thread(target=self._run, name="edge-preload", daemon=True)
         self._thread.start()
 
-    def then(self, work: Callable[[], object]) -> None:
-        """Run `work` once the load has ended, however it ended (at once, here, if it has)."""
+    def then(self, work: Callable[[], object], after_s: float = 0.0) -> None:
+        """Run `work` once the load has ended, however it ended, and `after_s` more seconds have
+        passed (cut short by `hurry`); at once, here, if the thread has ended."""
         with self._lock:
             if not self._done:
-                self._after.append(work)
+                self._after.append((work, after_s))
                 return
         work()
+
+    def hurry(self, timeout_s: float = 5.0) -> None:
+        """The server is ending: run what is queued now, and wait up to `timeout_s` for it."""
+        self._hurry.set()
+        self._thread.join(timeout_s)
 
     def _run(self) -> None:
         try:
@@ -214,7 +224,8 @@ class Preload:
                 if not self._after:
                     self._done = True
                     return
-                work = self._after.pop(0)
+                work, after_s = self._after.pop(0)
+            self._hurry.wait(after_s)
             try:
                 work()
             except Exception:  # an afterthought never fails the start
@@ -256,6 +267,7 @@ def _serve(app: Any, settings: Settings, preload: Preload, scheduler: object,
         server.run()
     finally:
         stop.set()
+        preload.hurry()  # a short run still leaves its record
         engine.stop(0.0)
         loader.join(timeout=5.0)
     return server.exit_code

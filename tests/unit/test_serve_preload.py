@@ -44,3 +44,15 @@ def test_afterthoughts_run_when_the_load_fails_and_their_errors_are_not_the_load
     engine.go.set()
     p._thread.join(10)
     assert isinstance(p.wait(0), RuntimeError) and order == ["record"]
+
+
+def test_delayed_work_waits_after_the_load_and_hurry_runs_it_at_once() -> None:
+    engine, order = _Engine(), []
+    p = Preload(engine)  # type: ignore[arg-type]
+    p.then(lambda: order.append("record"), after_s=60.0)
+    engine.go.set()
+    assert p.wait(10) is None
+    p._thread.join(0.05)
+    assert order == []  # loaded, but the record waits for the first requests to pass
+    p.hurry()  # the server ends first: written now, not lost
+    assert order == ["record"] and not p._thread.is_alive()
