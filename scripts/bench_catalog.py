@@ -154,9 +154,10 @@ def ttft(url: str, model_id: str, rng: random.Random) -> float:
     return time.perf_counter() - t0
 
 
-def measure(res: Result, url: str, model: Path, args: argparse.Namespace) -> None:
+def measure(res: Result, url: str, ban: dict[str, int], args: argparse.Namespace) -> None:
+    """`ban`: the model's end tokens, found before the target started (Gemma 3's 262k-token scan
+    takes seconds of a core: done here, it was a neighbour that edge's contention control saw)."""
     model_id = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-    ban = end_tokens(model)
     story(url, model_id, "a quiet morning", ban)  # warm-up
     tokens, wall = 0, 0.0
     for i in range(args.requests):
@@ -174,7 +175,7 @@ def measure(res: Result, url: str, model: Path, args: argparse.Namespace) -> Non
 
 
 def run_target(run: int, name: str, model: Path, target: str, port: int,
-               args: argparse.Namespace) -> Result:
+               args: argparse.Namespace, ban: dict[str, int]) -> Result:
     res = Result(run, name, target)
     cmd, ready = command(target, model, port, args)
     log_path = Path(tempfile.gettempdir()) / f"bench_catalog_{target.replace(' ', '_')}.log"
@@ -185,7 +186,7 @@ def run_target(run: int, name: str, model: Path, target: str, port: int,
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, ready, proc)
-        measure(res, url, model, args)
+        measure(res, url, ban, args)
     except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
         res.errors.append(f"{type(exc).__name__}: {exc}")
     finally:
@@ -242,12 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.loads((args.models_dir / "manifest.json").read_text())
     models = args.only or list(CATALOG)
     rows: list[Result] = []
+    bans = {name: end_tokens(args.models_dir / manifest[name]["file"]) for name in models}
     for run in range(1, args.runs + 1):
         for name in models:
             path = args.models_dir / manifest[name]["file"]
             order = TARGETS[run % 3:] + TARGETS[:run % 3]
             for k, target in enumerate(order):
-                r = run_target(run, name, path, target, args.port + k, args)
+                r = run_target(run, name, path, target, args.port + k, args, bans[name])
                 rows.append(r)
                 print(f"run {run} {name} {target}: one {r.one_tok_s:.1f} tok/s, "
                       f"four {r.four_tok_s:.1f} tok/s, TTFT {r.ttft_s:.2f} s, "
