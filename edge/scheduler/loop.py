@@ -123,7 +123,10 @@ class SchedulerLoop:
         if self.monitor is None:
             return ControlInput(t_s=now_s, stale=True)
         try:
-            self.monitor.poll(now_s)
+            capped = self.decision is not None and self.decision.threads_cap is not None
+            # while capped, each tick reads the cores afresh: the threads come back within a second
+            # of a neighbour's end only if the rates cover the last quarter second, not the last one
+            self.monitor.poll(now_s, max_age_s=CAPPED_INTERVAL_S * 0.8 if capped else None)
             reading = self.monitor.latest(now_s)  # the loop's time, not whatever clock the monitor has
         except Exception as exc:  # a broken sensor stack must not stop scheduling
             self.log.warning("telemetry failed: %s", exc)

@@ -178,10 +178,14 @@ class Monitor:
         """When the next sample is due (None before the first poll)."""
         return self._next_due_s
 
-    def poll(self, now_s: float | None = None) -> MonitorReading:
-        """Read the source if a sample is due, then return the latest reading."""
+    def poll(self, now_s: float | None = None, max_age_s: float | None = None) -> MonitorReading:
+        """Read the source if a sample is due, or if the latest is `max_age_s` old (a caller that
+        needs fresher rates than the period gives: the scheduler while CPU contention holds
+        threads back), then return the latest reading."""
         now = self.clock.monotonic() if now_s is None else now_s
-        if self._next_due_s is None or now >= self._next_due_s:
+        due = self._next_due_s is None or now >= self._next_due_s
+        stale = max_age_s is not None and (self._last_ok_s is None or now - self._last_ok_s >= max_age_s)
+        if due or stale:
             self.sample_now(now)
         return self.latest(now)
 

@@ -47,7 +47,7 @@ class ScriptedMonitor:
         self.polls: list[float] = []
         self.on_poll = on_poll
 
-    def poll(self, now_s: float) -> None:
+    def poll(self, now_s: float, max_age_s: float | None = None) -> None:
         self.polls.append(now_s)
         if callable(self.on_poll):
             self.on_poll(len(self.polls))
@@ -276,3 +276,43 @@ def test_a_model_load_in_flight_counts_against_available_memory() -> None:
     loop = SchedulerLoop(mon, engine, ManualClock(), CFG)
     loop.tick(1.0)
     assert loop.reading is not None and loop.reading.mem_available_bytes == 1 << 30
+
+
+class _NeighbourSource:
+    """CPU contention as /proc/stat gives it: the share of the time since the previous read that a
+    neighbour process was busy (it runs until `stops_s`), read on the monitor's clock."""
+
+    name = "scripted-cpu"
+
+    def __init__(self, clock: ManualClock, stops_s: float) -> None:
+        self.clock, self.stops_s, self.prev_s = clock, stops_s, 0.0
+
+    def read(self) -> Sample:
+        now = self.clock.monotonic()
+        busy = max(0.0, min(now, self.stops_s) - self.prev_s)
+        other = busy / (now - self.prev_s) if now > self.prev_s else 0.0
+        self.prev_s = now
+        return Sample(now, self.name, temp_c=40.0, limit_c=99.0, cpu_cores=2, cpu_other_cores=other)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_neighbour_that_stops_gets_the_threads_back_within_a_second_through_the_monitor() -> None:
+    """The shipped Monitor samples once a second; while the threads are capped the loop asks it for
+    rates over the last quarter second, so the restore does not wait for a one-second window that
+    still holds the neighbour (it took 2 s and more with a real neighbour process)."""
+    clock = ManualClock()
+    source = _NeighbourSource(clock, stops_s=10.1)
+    loop = SchedulerLoop(Monitor(source, clock=clock), _engine(), clock, CFG)
+    capped_at = restored_at = None
+    while clock.monotonic() < 20.0:
+        d = loop.tick()
+        now = clock.monotonic()
+        if d.threads_cap is not None and capped_at is None:
+            capped_at = now
+        if capped_at is not None and d.threads_cap is None and restored_at is None:
+            restored_at = now
+        clock.advance(loop.interval_s())
+    assert capped_at is not None and capped_at <= 4.0
+    assert restored_at is not None and restored_at - 10.1 <= 1.0, restored_at
