@@ -3,14 +3,17 @@
 Every term mirrors what llama.cpp (the version vendored in llama-cpp-python 0.3.36)
 allocates for the context the engine creates: one unified KV cache of n_ctx
 cells shared by all slots (n_seq_max = slots, kv_unified = true, swa_full =
-false), flash attention on (llama.cpp's "auto" picks it on CPU, CUDA and Metal).
+false) or, for a sliding-window model, a stream per slot of pad256(n_ctx / slots)
+cells (kv_unified = false: edge.kvcache.per_sequence_streams), flash attention on
+(llama.cpp's "auto" picks it on CPU, CUDA and Metal).
 
   weights  = Σ tensor bytes, split by layer: the last n_gpu_layers blocks go to
              the GPU, the output head too when n_gpu_layers > n_layer.
   kv       = Σ_layers cells(layer) × (n_embd_k_gqa + n_embd_v_gqa) × bytes(kv type),
              cells = n_ctx (padded to 256) for full-attention layers and
              min(n_ctx, pad256(n_swa × n_slots + n_ubatch)) for sliding-window
-             layers (llama_kv_cache_iswa).
+             layers (llama_kv_cache_iswa); with a stream per slot, slots ×
+             pad256(min(n_ctx_seq, n_swa + n_ubatch)) for the sliding-window layers.
   compute  = the graph's scratch buffer, calibrated against llama.cpp's
              "compute buffer size" for SmolLM2-135M and Gemma-3-270M within 2%:
                act    = T × (4·(4·n_ff + n_embd + n_embd_k_gqa) + 2·mask_cells)
@@ -49,6 +52,7 @@ from edge.planner_terms import (
     VOCAB_BYTES_PER_ENTRY,
     compute_bytes,
     draft_model_bytes,
+    full_cells,
     kv_bytes_by_layer,
     pad,
     split_layers,
@@ -315,7 +319,7 @@ def _build(info: GGUFInfo, n_ctx: int, ngl: int, fx: _Fixed) -> MemoryPlan:
         weights_cpu_bytes=split.weights_cpu,
         kv_bytes=kv,
         kv_gpu_bytes=split.kv_gpu,
-        kv_full_cells=n_ctx,
+        kv_full_cells=full_cells(info, n_ctx, fx.n_slots),
         kv_swa_cells=swa_cells(info, n_ctx, fx.n_slots, n_ubatch, fx.swa_full),
         compute_bytes=compute,
         overhead_bytes=overhead,

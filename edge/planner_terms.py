@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edge.gguf.info import GGUFInfo, kv_row_bytes
+from edge.kvcache import per_sequence_streams
 
 MIB = 1 << 20
 CTX_PAD = 256  # llama.cpp pads n_ctx (and the SWA cache) to a multiple of 256
@@ -26,23 +27,40 @@ def pad(n: int, to: int = CTX_PAD) -> int:
     return -(-n // to) * to
 
 
+def streams(info: GGUFInfo, n_slots: int) -> int:
+    """KV streams llama.cpp keeps: one per sequence for a sliding-window model, else one pool
+    (edge.kvcache.per_sequence_streams is the rule)."""
+    n_swa = (info.sliding_window or 0) if info.n_swa_layers else 0
+    return n_slots if per_sequence_streams(n_swa) else 1
+
+
+def full_cells(info: GGUFInfo, n_ctx: int, n_slots: int) -> int:
+    """Cells of the full-attention cache, every stream together (n_ctx split evenly, each padded)."""
+    n_streams = streams(info, n_slots)
+    return n_ctx if n_streams == 1 else n_streams * pad(-(-n_ctx // n_streams))
+
+
 def swa_cells(info: GGUFInfo, n_ctx: int, n_slots: int, n_ubatch: int, swa_full: bool = False) -> int:
-    """Cells of the sliding-window cache (0 when the model has no SWA layers)."""
+    """Cells of the sliding-window cache, every stream together (0 when the model has none)."""
     if not info.n_swa_layers or not info.sliding_window:
         return 0
+    n_streams = streams(info, n_slots)
+    per_stream = full_cells(info, n_ctx, n_slots) // n_streams
     if swa_full:
-        return n_ctx
-    return min(n_ctx, pad(info.sliding_window * n_slots + n_ubatch))
+        return per_stream * n_streams
+    window = info.sliding_window * (n_slots if n_streams == 1 else 1) + n_ubatch
+    return n_streams * pad(min(per_stream, window))
 
 
 def kv_bytes_by_layer(
     info: GGUFInfo, n_ctx: int, n_slots: int, kv_type: str, n_ubatch: int = 512, swa_full: bool = False
 ) -> list[int]:
-    """KV bytes per layer, as llama.cpp allocates them for a unified cache."""
+    """KV bytes per layer, as llama.cpp allocates them (one pool, or a stream per sequence)."""
     n_swa_cells = swa_cells(info, n_ctx, n_slots, n_ubatch, swa_full)
+    n_full = full_cells(info, n_ctx, n_slots)
     out = []
     for il in range(info.n_layer):
-        cells = n_swa_cells if info.swa_layers[il] and n_swa_cells else n_ctx
+        cells = n_swa_cells if info.swa_layers[il] and n_swa_cells else n_full
         out.append(
             cells * (kv_row_bytes(kv_type, info.n_embd_k_gqa(il))
                      + kv_row_bytes(kv_type, info.n_embd_v_gqa(il)))
@@ -66,10 +84,14 @@ def compute_bytes(
     n_out = min(n_outputs_max or n_batch, n_tok)
     n_ff = max(info.n_ff) if isinstance(info.n_ff, tuple) else info.n_ff
     kv_width = max((info.n_embd_k_gqa(il) for il in range(info.n_layer)), default=0)
-    mask_cells = n_ctx + swa_cells(info, n_ctx, n_slots, n_ubatch, swa_full)
+    # the masks span one stream's cells (a micro-batch's tokens are split between the streams)
+    n_streams = streams(info, n_slots)
+    cells = full_cells(info, n_ctx, n_slots) + swa_cells(info, n_ctx, n_slots, n_ubatch, swa_full)
+    mask_cells = cells // n_streams
     act = n_tok * (4 * (4 * n_ff + info.n_embd + kv_width) + 2 * mask_cells)
     if not flash_attn:
-        act = n_tok * (info.n_head * n_ctx * 4 + mask_cells * 4) + act * 3 // 4
+        per_stream = full_cells(info, n_ctx, n_slots) // n_streams
+        act = n_tok * (info.n_head * per_stream * 4 + mask_cells * 4) + act * 3 // 4
     logits = info.n_vocab * n_out * 4 + n_tok * (2 * mask_cells + 8 * info.n_embd)
     return max(act, logits)
 

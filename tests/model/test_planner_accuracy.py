@@ -1,7 +1,8 @@
 """The planner against what llama.cpp really allocates, for both real models.
 
 Each case runs in a fresh interpreter (so earlier loads do not pollute RSS), builds
-the context the engine builds (unified KV cache, n_seq_max = slots, swa_full off,
+the context the engine builds (unified KV cache, or a stream per slot for a sliding-window
+model, n_seq_max = slots, swa_full off,
 flash attention auto, n_outputs_max = slots), captures llama.cpp's log lines through
 `llama_log_set`, and prefills one full micro-batch so that the compute buffer and
 every weight page are resident (with mmap'd weights RSS counts a page only once
@@ -48,7 +49,9 @@ mp.use_extra_bufts = extra_buffers_default(L.llama_print_system_info().decode("u
 model = L.llama_model_load_from_file(cfg["path"].encode(), mp)
 assert model, "model load failed"
 cp = L.llama_context_default_params()
-cp.n_ctx, cp.n_seq_max, cp.kv_unified, cp.swa_full = cfg["n_ctx"], cfg["n_seq"], True, False
+from edge.kvcache import per_sequence_streams  # the engine's layout: a stream per sequence for SWA models
+unified = not per_sequence_streams(L.llama_model_n_swa(model))
+cp.n_ctx, cp.n_seq_max, cp.kv_unified, cp.swa_full = cfg["n_ctx"], cfg["n_seq"], unified, False
 cp.n_batch = cp.n_ubatch = cfg["n_ubatch"]
 cp.n_outputs_max = cfg["n_seq"]
 cp.type_k = cp.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[cfg["kv"]]

@@ -67,8 +67,10 @@ def test_kv_full_attention_formula(llama_like: GGUFInfo) -> None:
 def test_kv_sliding_window_layers_at_window(gemma_like: GGUFInfo) -> None:
     plan = _plan(gemma_like, n_ctx=8192, n_slots=2, n_ubatch=512)
     row = 2 * 64 * 2  # K+V, one kv head of 64 dims, f16
-    swa_cells = -(-(64 * 2 + 512) // 256) * 256  # pad256(n_swa × slots + n_ubatch) = 768
-    assert plan.kv_swa_cells == swa_cells == 768
+    # a stream per slot (kvcache.per_sequence_streams): each of 4096 cells, its window
+    # pad256(min(n_ctx_seq, n_swa + n_ubatch)) = 768 cells
+    swa_cells = 2 * (-(-(64 + 512) // 256) * 256)
+    assert plan.kv_swa_cells == swa_cells == 1536 and plan.kv_full_cells == 8192
     assert plan.kv_bytes == 1 * 8192 * row + 5 * swa_cells * row  # layer 5 is the only global one
     # small contexts: the SWA cache is never larger than the context
     small = _plan(gemma_like, n_ctx=512, n_slots=2)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from edge.clock import Clock
 from edge.contracts.options import DEFAULT_FLASH_ATTN, FlashAttn
 from edge.errors import EngineStopped, ModelLoadError
+from edge.kvcache import per_sequence_streams
 from edge.runtime.embed.embedder import Embedder
 from edge.runtime.embed.models import EmbedModels
 from edge.runtime.llama import attention, pages
@@ -139,7 +140,7 @@ class Residency:
             self.spec_blocker = rollback_blocker(model)
             n_out = s.n_outputs if self.spec_blocker is None else None  # no drafts: one row per slot
             ctx = LlamaContext(model, self._context_config(n_ctx, n_threads, n_out,
-                                                                 self._flash_attn_at_open(n_threads)))
+                                                           self._flash_attn_at_open(n_threads), model.n_swa))
         except BaseException:
             if model is not kept:
                 model.close()
@@ -163,14 +164,17 @@ class Residency:
         return model, ctx, draft
 
     def context_config(self, n_threads: int) -> ContextConfig:
-        """The loaded context's kind (threads, KV type, attention) for a probe's own context."""
-        return self._context_config(self.n_ctx, n_threads, None, self.flash_attn)
+        """The loaded context's kind (cells, streams, threads, KV type, attention) for a probe's own."""
+        assert self.model is not None
+        n_ctx = self.ctx.n_ctx if self.ctx is not None else self.n_ctx
+        return self._context_config(n_ctx, n_threads, None, self.flash_attn, self.model.n_swa)
 
     def _context_config(self, n_ctx: int, n_threads: int, n_out: int | None,
-                        fa: bool | None) -> ContextConfig:
+                        fa: bool | None, n_swa: int) -> ContextConfig:
         s = self.spec
         return ContextConfig(n_ctx=n_ctx, n_batch=s.n_batch, n_ubatch=s.n_batch, n_seq_max=s.n_slots,
-                             n_threads=n_threads, kv_type=s.kv_type, n_outputs_max=n_out, flash_attn=fa)
+                             n_threads=n_threads, kv_type=s.kv_type, n_outputs_max=n_out, flash_attn=fa,
+                             kv_unified=not per_sequence_streams(n_swa))
 
     # --- attention kind (attention.py) --------------------------------------------------
     def _attn_free(self) -> bool:
@@ -230,17 +234,18 @@ class Residency:
         first, so two KV caches never coexist; should the new one fail, the old kind returns."""
         assert self.model is not None and self.ctx is not None
         n_ctx, n_out = self.ctx.n_ctx, self.spec.n_outputs if self.spec_blocker is None else None
+        n_swa = self.model.n_swa
         with self.lock:
             if self.batch is not None:
                 self.batch.free()
             self.ctx.close()
             self.ctx = self.batch = self._live = None
         try:
-            ctx = LlamaContext(self.model, self._context_config(n_ctx, n_threads, n_out, fa))
+            ctx = LlamaContext(self.model, self._context_config(n_ctx, n_threads, n_out, fa, n_swa))
         except ModelLoadError as exc:
             log.warning("no context without/with flash attention (%s): keeping the other kind", exc)
             fa = not fa
-            ctx = LlamaContext(self.model, self._context_config(n_ctx, n_threads, n_out, fa))
+            ctx = LlamaContext(self.model, self._context_config(n_ctx, n_threads, n_out, fa, n_swa))
         self.flash_attn = fa
         self.install(self.model, ctx, self.draft)
 

@@ -81,6 +81,7 @@ class ContextConfig:
     kv_type: str = "f16"
     flash_attn: bool | None = None  # None: llama.cpp decides (auto)
     swa_full: bool = False  # full-size sliding-window cache: memory for simpler prefix reuse
+    kv_unified: bool = True  # one pool of n_ctx cells; False: n_seq_max streams of n_ctx / n_seq_max
     # logits rows one batch may request; the engine asks for at most one per sequence, and the
     # logits buffer is n_outputs_max x n_vocab floats (512 MiB for a 262k vocabulary at 512)
     n_outputs_max: int | None = None  # None: n_seq_max
@@ -264,7 +265,7 @@ class LlamaContext:
         p.n_outputs_max = cfg.n_outputs_max or cfg.n_seq_max
         p.n_threads = cfg.n_threads
         p.n_threads_batch = cfg.n_threads_batch or cfg.n_threads
-        p.kv_unified = True
+        p.kv_unified = cfg.kv_unified
         p.swa_full = cfg.swa_full
         p.embeddings = cfg.embeddings
         if cfg.pooling is not None:

@@ -283,7 +283,8 @@ class StepLoop:
     def _fill(self, batch: Batch, chunks: list[Chunk]) -> None:
         batch.clear()
         self._batch_tokens = 0
-        for ch in chunks:
+        # by sequence id: a stream per sequence splits a batch at every gap in the ids (split_equal)
+        for ch in sorted(chunks, key=lambda c: c.seq_id):
             seq = self.running[ch.seq_id]
             pos = len(self.slots[ch.seq_id].tokens)
             if ch.decode and seq.drafting:
