@@ -14,6 +14,7 @@ and a missing program is a None reading with a reason, never an exception.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,11 @@ Runner = Callable[[Sequence[str]], str]  # argv -> stdout; raises OSError / Call
 
 
 def run_command(argv: Sequence[str], timeout_s: float = 3.0) -> str:
-    """Production runner: a short command's stdout."""
+    """Production runner: a short command's stdout. A tool not on PATH (nvpmodel off a Jetson)
+    fails without a child process: serve's deployment record asks after the model has loaded,
+    and a fork of a server holding the weights shows twice its memory to whoever sums RSS."""
+    if shutil.which(argv[0]) is None:
+        raise FileNotFoundError(argv[0])
     return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=timeout_s).stdout
 
 

@@ -141,3 +141,19 @@ def test_powermetrics_parsing_and_mac_power() -> None:
     assert mp.power_w is None and any("powermetrics" in n for n in notes)
     mp, _ = read_mac_power(canned({"pmset": PMSET_AC, "powermetrics": text}), use_powermetrics=True)
     assert mp.power_w == pytest.approx(0.9) and mp.on_battery is False
+
+
+def test_a_tool_that_is_not_installed_fails_without_a_child_process(monkeypatch) -> None:
+    """serve's deployment record runs the doctor after the load: off a Jetson, `nvpmodel -q` must
+    not fork a copy of a server that holds the weights (a tree-RSS sampler saw 912 MiB for 485)."""
+    import subprocess
+
+    import pytest
+
+    from edge.telemetry import powermode
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a child process was started"))
+    with pytest.raises(FileNotFoundError):
+        powermode.run_command(["edge-no-such-tool-4f1c"])
+    assert powermode.run_or_reason(powermode.run_command, ["edge-no-such-tool-4f1c"]) == (
+        None, "edge-no-such-tool-4f1c not found")
