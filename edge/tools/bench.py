@@ -226,7 +226,8 @@ def run_bench(
     llama_bench_path: Path | None = DEFAULT_LLAMA_BENCH, runner: Runner = run_child,
 ) -> BenchReport:
     """Every figure of the module docstring in one run: prompts, single stream, four streams, TTFT."""
-    config = EngineConfig(Path(model_path), n_ctx=2048, n_slots=4, n_threads=n_threads)  # serve's step budget
+    # serve's step budget; 2048 cells a slot (a sliding-window model's slot holds n_ctx / n_slots)
+    config = EngineConfig(Path(model_path), n_ctx=8192, n_slots=4, n_threads=n_threads)
     engine = Engine(config)
     engine.start()
     engine.wait_for_probes(600.0)  # probes measured after ready would run beside the baselines
