@@ -188,8 +188,10 @@ class Preload:
     exists; `wait()` returns what it raised, if anything. Work given to `then` runs on the same
     thread after the load, so the first token never waits for it."""
 
-    def __init__(self, engine: EngineLike) -> None:
+    def __init__(self, engine: EngineLike,
+                 pause: Callable[[threading.Event, float], object] = threading.Event.wait) -> None:
         self.engine = engine
+        self._pause = pause  # (hurry event, seconds): waits before delayed work, cut short by hurry
         self.error: Exception | None = None
         self._loaded = threading.Event()
         self._lock = threading.Lock()
@@ -225,7 +227,8 @@ class Preload:
                     self._done = True
                     return
                 work, after_s = self._after.pop(0)
-            self._hurry.wait(after_s)
+            if after_s > 0:
+                self._pause(self._hurry, after_s)
             try:
                 work()
             except Exception:  # an afterthought never fails the start

@@ -25,7 +25,7 @@ def test_afterthoughts_run_after_the_load_and_wait_does_not_wait_for_them() -> N
     p = Preload(engine)  # type: ignore[arg-type]
     p.then(lambda: (order.append("record"), hold.wait(10)))
     p.then(lambda: order.append("second"))
-    assert p.wait(0.05) is None and order == []  # not loaded yet: nothing ran
+    assert not p._loaded.is_set() and order == []  # not loaded yet: nothing ran
     engine.go.set()
     assert p.wait(10) is None  # the load's outcome, while the record is still being written
     assert order == ["record"]
@@ -47,12 +47,18 @@ def test_afterthoughts_run_when_the_load_fails_and_their_errors_are_not_the_load
 
 
 def test_delayed_work_waits_after_the_load_and_hurry_runs_it_at_once() -> None:
-    engine, order = _Engine(), []
-    p = Preload(engine)  # type: ignore[arg-type]
+    engine, order, asked = _Engine(), [], []
+    waiting = threading.Event()
+
+    def pause(hurry: threading.Event, seconds: float) -> None:  # no real time: until hurry()
+        asked.append(seconds)
+        waiting.set()
+        assert hurry.wait(10)
+
+    p = Preload(engine, pause)  # type: ignore[arg-type]
     p.then(lambda: order.append("record"), after_s=60.0)
     engine.go.set()
     assert p.wait(10) is None
-    p._thread.join(0.05)
-    assert order == []  # loaded, but the record waits for the first requests to pass
+    assert waiting.wait(10) and asked == [60.0] and order == []  # loaded; the record waits its turn
     p.hurry()  # the server ends first: written now, not lost
     assert order == ["record"] and not p._thread.is_alive()
