@@ -1,9 +1,10 @@
 """Ollama's model routes: GET /api/tags, /api/ps, /api/version; POST /api/show, /api/pull;
 DELETE /api/delete.
 
-edge serves one model per process, so /api/tags and /api/ps list that model (under
-Ollama's "name:latest" convention; requests may use either spelling). Its facts come
-from the GGUF header (`edge.gguf`), read once: family = architecture, parameter size,
+Under the model host, /api/tags lists every model in the store and /api/ps the resident ones
+(size as planned, expires_at); a server without a host lists its one model (under Ollama's
+"name:latest" convention; requests may use either spelling). A model's facts come from its
+GGUF header (`edge.gguf`), read once: family = architecture, parameter size,
 quantization level, the chat template and `capabilities` (`completion`; `tools` when the
 template renders tool definitions; `thinking` when it has a think block; `embedding`, since
 /api/embed works with every model).

@@ -46,7 +46,7 @@ class Memory:
         self.avail = 8 * GiB
         self.t = 0.0
 
-    def poll(self, now_s: float) -> None:
+    def poll(self, now_s: float, max_age_s: float | None = None) -> None:
         self.t = now_s
 
     def latest(self, now_s: float | None = None) -> Reading:

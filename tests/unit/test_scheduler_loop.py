@@ -93,7 +93,7 @@ def test_throttle_events_count_transitions_not_ticks() -> None:
 
 def test_broken_or_missing_monitor_is_conservative() -> None:
     class Broken:
-        def poll(self, now_s: float) -> None:
+        def poll(self, now_s: float, max_age_s: float | None = None) -> None:
             raise OSError("sensor gone")
 
         def latest(self, now_s: float | None = None) -> None:  # pragma: no cover - never reached
