@@ -400,3 +400,18 @@ def test_no_drafts_right_after_the_kv_cache_refused_a_batch_and_shadows_only_for
     assert plan.shadows == ()  # the drafted one is verified; the other's guess is not free
     full = plan_step(replace(view, last=StepOutcome(decode_rc=1)), Knobs(2, 2))
     assert full.drafts == () and full.shadows == (0,)  # its free guess is still scored
+
+
+def test_with_a_stream_per_sequence_a_slot_next_to_the_running_ones_wins_a_tie() -> None:
+    """llama.cpp splits a batch at every gap in the running sequence ids when each sequence has
+    its own stream: a new request goes next to the running ones (slot 1, not the least recently
+    used slot 2), unless another slot reuses more of its prompt."""
+    prompt = [5, 6, 7, 8]
+    slots = [Slot(0, [1, 2, 3], SlotState.DECODE, 9), Slot(1, [], SlotState.IDLE, 5),
+             Slot(2, [], SlotState.IDLE, 1), Slot(3, [], SlotState.IDLE, 3)]
+    assert choose_slot(slots, prompt, n_swa=0).seq_id == 2  # one pool: least recently used
+    assert choose_slot(slots, prompt, n_swa=512).seq_id == 1  # streams: next to slot 0
+    slots[3] = Slot(3, [5, 6, 7], SlotState.IDLE, 3)
+    assert choose_slot(slots, prompt, n_swa=512).seq_id == 3  # its cached prefix still wins
+    idle = [Slot(i, [], SlotState.IDLE, u) for i, u in enumerate((4, 2, 7, 6))]
+    assert choose_slot(idle, prompt, n_swa=512).seq_id == 1  # nothing running: least recently used

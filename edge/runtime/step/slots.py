@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from edge.kvcache import per_sequence_streams
+
 
 class SlotState(str, Enum):
     """IDLE: no request (its KV may still cache a previous prompt). PREFILL: prompt
@@ -112,9 +114,14 @@ def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int], share: 
     is not kept moves to host memory rather than being lost. On a tie: a slot's own cache,
     then a shared prefix, then a restored one (it costs a copy); then the least recently used
     slot. A sliding-window cache keeps its tokens only while it still holds what they need
-    (`swa_keep`).
+    (`swa_keep`). Where each sequence has its own KV stream (`per_sequence_streams`), a slot next
+    to the running ones wins a tie before the least recently used: llama.cpp splits a step's
+    batch at every gap in the running sequence ids, and two streams on slots 0 and 2 took two
+    forward passes a step instead of one.
     """
     slots = _views(slots)
+    running = sorted(s.seq_id for s in slots if s.state is not SlotState.IDLE)
+    streams = per_sequence_streams(n_swa)
     cap = max(0, len(prompt) - 1)
     src, shared = -1, 0
     if share:
@@ -127,7 +134,7 @@ def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int], share: 
         n = min(common_prefix_len(e.tokens, prompt), cap)
         if n > restored:
             key, restored = e.key, n
-    best: tuple[float, int, int] | None = None
+    best: tuple[float, int, bool, int] | None = None
     best_choice: SlotChoice | None = None
     for slot in slots:
         if slot.state is not SlotState.IDLE:
@@ -139,8 +146,9 @@ def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int], share: 
             options.append((shared, 1, SlotChoice(slot.seq_id, shared, source=src), held))
         if restored > max(own, shared):
             options.append((restored, 0, SlotChoice(slot.seq_id, restored, restore=key), held))
+        joins = streams and (not running or slot.seq_id in (running[0] - 1, running[-1] + 1))
         for reuse, kind, choice, lost in options:
-            rank = (reuse - CACHE_LOSS_WEIGHT * lost, kind, -slot.last_used)
+            rank = (reuse - CACHE_LOSS_WEIGHT * lost, kind, joins, -slot.last_used)
             if best is None or rank > best:
                 best, best_choice = rank, choice
     return best_choice
