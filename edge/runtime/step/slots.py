@@ -114,10 +114,8 @@ def choose_slot(slots: Sequence[Slot | SlotView], prompt: Sequence[int], share: 
     is not kept moves to host memory rather than being lost. On a tie: a slot's own cache,
     then a shared prefix, then a restored one (it costs a copy); then the least recently used
     slot. A sliding-window cache keeps its tokens only while it still holds what they need
-    (`swa_keep`). Where each sequence has its own KV stream (`per_sequence_streams`), a slot next
-    to the running ones wins a tie before the least recently used: llama.cpp splits a step's
-    batch at every gap in the running sequence ids, and two streams on slots 0 and 2 took two
-    forward passes a step instead of one.
+    (`swa_keep`). With a KV stream per sequence (`per_sequence_streams`) a slot next to the
+    running ones wins a tie first: llama.cpp splits a step at every gap in the running ids.
     """
     slots = _views(slots)
     running = sorted(s.seq_id for s in slots if s.state is not SlotState.IDLE)
