@@ -420,7 +420,9 @@ def test_d_a_draining_box_takes_nothing_new_and_finishes_its_streams(cluster: Cl
     t_term = marks["term"]
     rc = box.server.proc.wait(60)
     running = [r for r in results if r.box == "box3" and (r.t1 or 0) > t_term and r.t0 <= t_term]
-    new_on_it = [r for r in results if r.box == "box3" and r.t0 > t_term]
+    # sent after the signal was handled: a request sent 14 ms after kill() reached box3 before its
+    # event loop ran the handler (CI, a loaded 2-core VM), as test (c) allows its kill 0.1 s
+    new_on_it = [r for r in results if r.box == "box3" and r.t0 > t_term + 0.1]
     log = box.server.log()
     print(f"\nbalancer (d): box3 SIGTERMed with {len(running)} stream(s) running on it; "
           f"{len(new_on_it)} new request(s) went to it afterwards; it exited {rc}; "
