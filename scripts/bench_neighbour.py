@@ -32,6 +32,8 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+from bench_catalog import wait_ready  # run from scripts/, like the other benches
+from bench_startup import end
 
 ROOT = Path(__file__).resolve().parents[1]
 SPIN = [sys.executable, "-c", "while True: pass"]
@@ -64,15 +66,6 @@ def wait_for(log: Path, want: int, since: float, timeout_s: float) -> float | No
             return hits[0]
         time.sleep(0.1)
     return None
-
-
-def end(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 class Decoder(threading.Thread):
@@ -138,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flap-s", type=float, default=60.0)
     p.add_argument("--port", type=int, default=18740)
     a = p.parse_args(argv)
+    a.model = a.model.resolve()  # the server runs from the repository root
     url = f"http://127.0.0.1:{a.port}"
     from edge.scheduler.state import ControllerConfig
 
@@ -148,11 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                               stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=ROOT)
     rows = []
     try:
-        t0 = time.perf_counter()
-        while httpx.get(url + "/ready", timeout=5).status_code != 200 if _up(url) else True:
-            if server.poll() is not None or time.perf_counter() - t0 > 120:
-                raise RuntimeError("edge serve did not become ready")
-            time.sleep(0.1)
+        wait_ready(url, "/ready", server)
         time.sleep(2.0)  # the start's own work done
         print("idle:", flush=True)
         idle = restore_delays(log, a.threads, a.reps, gap_s)
@@ -180,13 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| 2 s on / 2 s off neighbour, {a.flap_s:.0f} s | {n} changes, {late} after the first 10 s |")
     return 0
 
-
-def _up(url: str) -> bool:
-    try:
-        httpx.get(url + "/health", timeout=1)
-        return True
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import httpx
 from bench_catalog import SUBJECTS, end_tokens, story, wait_ready
-from bench_neighbour import SPIN, end
+from bench_neighbour import SPIN
+from bench_startup import end
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"edge": [], "edge off": ["--speculative", "off"]}
