@@ -20,7 +20,7 @@ import numpy as np
 
 from edge.errors import InvalidRequest, ModelLoadError
 from edge.runtime.llama import llama_cpp
-from edge.runtime.llama.model import ensure_backend
+from edge.runtime.llama.loadlog import ensure_backend
 
 _PREFIX = "LLAMA_FTYPE_MOSTLY_"
 # llama_ftype by its usual name (Q8_0, Q4_0, Q4_K_M, F16, ...), from the installed binding

@@ -15,11 +15,10 @@ import ctypes
 import logging
 import mmap
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import llama_cpp  # edge/runtime/llama/__init__.py has set the thread-wait policy (threads.py) by now
 
@@ -27,47 +26,19 @@ from edge.contracts.options import DEFAULT_N_BATCH, DEFAULT_SLOTS
 from edge.errors import ModelLoadError
 from edge.kvcache import KV_CACHE_TYPES
 from edge.runtime.llama.backend import EXTRA_BUFFERS_ENV, probe_backends
+from edge.runtime.llama.loadlog import (
+    BUFFER_LINE,
+    MAPPED,
+    Backend,
+    ensure_backend,
+    known_buffers,
+    load_log,
+    quiet_log,
+)
 
 log = logging.getLogger("edge.llama")
 
 KV_TYPES: dict[str, int] = {name: getattr(llama_cpp, f"GGML_TYPE_{name.upper()}") for name in KV_CACHE_TYPES}
-
-_BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size\s*=")
-
-# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5 (continues the previous line)
-_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-
-
-class _Backend:
-    """llama.cpp's process-wide state: backend init and log routing, done once."""
-
-    lock = threading.Lock()
-    ready = False
-    warned_extra = False
-    last_level = logging.DEBUG
-    captured: ClassVar[dict[int, list[str]]] = {}  # thread id -> llama.cpp's lines while it loads a model
-
-    @staticmethod
-    @llama_cpp.llama_log_callback
-    def on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        lines = _Backend.captured.get(threading.get_ident())
-        if lines is not None:
-            lines.append(text.decode("utf-8", "replace"))
-        py_level = _Backend.last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)
-        _Backend.last_level = py_level
-        # llama.cpp is chatty at INFO; only its warnings and errors reach our INFO level
-        if py_level <= logging.INFO:
-            py_level = logging.DEBUG
-        if log.isEnabledFor(py_level):
-            log.log(py_level, "%s", text.decode("utf-8", "replace").rstrip("\n"))
-
-
-def ensure_backend() -> None:
-    with _Backend.lock:
-        if not _Backend.ready:
-            llama_cpp.llama_log_set(_Backend.on_log, ctypes.c_void_p(0))
-            llama_cpp.llama_backend_init()
-            _Backend.ready = True
 
 
 @dataclass(frozen=True)
@@ -105,8 +76,8 @@ def file_identity(path: str) -> tuple[int, int, int, int]:
 def extra_buffers() -> bool:
     """The installed build's verdict from probe_backends() (logged once when off)."""
     on = probe_backends().cpu_extra_buffers
-    if not on and not _Backend.warned_extra:
-        _Backend.warned_extra = True
+    if not on and not Backend.warned_extra:
+        Backend.warned_extra = True
         log.info("ggml extra CPU buffer types (AMX, repack) off: weights stay mapped from the file "
                  "(backend.extra_buffers_default says why); set %s=1 to try them", EXTRA_BUFFERS_ENV)
     return on
@@ -122,11 +93,14 @@ class LlamaModel:
         n_gpu_layers: int = 0,
         use_mmap: bool | None = None,
         vocab_only: bool = False,
+        quiet: bool | None = None,
     ) -> None:
         """`use_mmap`: None lets llama.cpp choose (LLAMA_LOAD_MODE_AUTO), True maps the file
         (pages shared with the page cache, loaded lazily), False reads it into private memory.
         llama.cpp >= 0.3.36 replaced the `use_mmap` flag by `load_mode`. `vocab_only` loads just
-        the vocabulary and metadata (a few MiB): tokenization while the weights are unloaded."""
+        the vocabulary and metadata (a few MiB): tokenization while the weights are unloaded.
+        `quiet`: None (default) keeps llama.cpp's log of the load from Python where nothing edge
+        reads is in it (loadlog.py: the load then runs without the GIL); False keeps it."""
         ensure_backend()
         self.path = str(path)
         self.vocab_only = vocab_only
@@ -138,13 +112,14 @@ class LlamaModel:
         params.load_mode = load_mode_for(use_mmap)
         params.vocab_only = vocab_only
         params.use_extra_bufts = extra_buffers()
-        lines = _Backend.captured[threading.get_ident()] = []
-        try:
+        known = known_buffers(probe_backends().gpu_offload, bool(params.use_extra_bufts),
+                              use_mmap is not False, vocab_only)
+        with load_log(quiet=known is not None and quiet is not False) as lines:
             ptr = llama_cpp.llama_model_load_from_file(self.path.encode(), params)
-        finally:
-            del _Backend.captured[threading.get_ident()]
-        # where the weights live, by llama.cpp's account ("load_tensors: CPU_Mapped model buffer size = ")
-        self.weight_buffers = tuple(m.group(1) for m in map(_BUFFER_LINE.search, lines) if m)
+        # where the weights live, by llama.cpp's account ("load_tensors: CPU_Mapped model buffer
+        # size = ") or, for a quiet load, as that account would read (loadlog.known_buffers)
+        self.weight_buffers = (known or ()) if lines is None else tuple(
+            m.group(1) for m in map(BUFFER_LINE.search, lines) if m)
         if not ptr:
             raise ModelLoadError(self.path, "llama.cpp could not load the file (run with -v for its log)")
         self.ptr: Any = ptr
@@ -177,7 +152,7 @@ class LlamaModel:
     def weights_mapped(self) -> bool:
         """Every weight is computed straight from the file mapping (no repacked or GPU copy): an
         unload can give its pages back to the page cache and keep the model (pages.py)."""
-        return self.weight_buffers == ("CPU_Mapped",)
+        return self.weight_buffers == MAPPED
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
@@ -281,7 +256,8 @@ class LlamaContext:
             p.flash_attn_type = on if cfg.flash_attn else off
         elif cfg.kv_type != "f16":  # a quantized V cache needs flash attention
             p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        ptr = llama_cpp.llama_init_from_model(model.ptr, p)
+        with quiet_log():  # ~1,000 log lines edge reads nothing from (loadlog.py)
+            ptr = llama_cpp.llama_init_from_model(model.ptr, p)
         if not ptr:
             why = f"could not create a context (n_ctx={cfg.n_ctx}, kv={cfg.kv_type})"
             raise ModelLoadError(model.path, why)
