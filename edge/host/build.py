@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from edge.config import Settings
 from edge.contracts.engine import Knobs
 from edge.host.loading import (
-    _available_bytes,
-    _profile,
+    available_bytes_now,
     config_from_plan,
+    device_profile,
     plan_for,
     reserve_for,
     template_choice,
@@ -45,21 +45,21 @@ def _store_lister(settings: Settings) -> Callable[[], list[tuple[str, Path]]]:
     return listed
 
 
-def default_budget_bytes(settings: Settings, available_bytes: Callable[[], int] = _available_bytes) -> int:
+def default_budget_bytes(settings: Settings, available_bytes: Callable[[], int] = available_bytes_now) -> int:
     """What the resident models may hold together when `--memory-budget` is not given."""
     if settings.memory_budget_bytes is not None:
         return settings.memory_budget_bytes
-    return max(0, available_bytes() - reserve_for(settings, _profile(settings)))
+    return max(0, available_bytes() - reserve_for(settings, device_profile(settings)))
 
 
 def build_host(settings: Settings, given: Sequence[ModelRef] = (), *,
-               available_bytes: Callable[[], int] = _available_bytes,
+               available_bytes: Callable[[], int] = available_bytes_now,
                engine_factory: Callable[[Path, MemoryPlan, Settings], EngineLike] | None = None,
                list_store: Callable[[], list[tuple[str, Path]]] | None = None,
                preload: bool = True) -> ModelHost:
     """A host over the store (`settings.models_dir`) and the files `given` on the command line."""
     budget = default_budget_bytes(settings, available_bytes)
-    reserve = reserve_for(settings, _profile(settings))
+    reserve = reserve_for(settings, device_profile(settings))
     # the host runs embeddings models as models of their own, so no engine carries a second one
     engine_settings = settings.model_copy(update={"embedding_model": None, "keep_alive_s": None})
     template = template_choice(engine_settings)  # once per host, not per load; a bad one fails here

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 DEFAULT_RESERVE_BYTES = 512 << 20
 
 
-def _profile(settings: Settings) -> DeviceProfile | None:
+def device_profile(settings: Settings) -> DeviceProfile | None:
+    """The device profile the settings name (or detect); None where it cannot be resolved."""
     from edge.errors import ConfigError
 
     try:
@@ -39,7 +40,8 @@ def _profile(settings: Settings) -> DeviceProfile | None:
         return None
 
 
-def _available_bytes() -> int:
+def available_bytes_now() -> int:
+    """Memory available now (MemAvailable, the cgroup limit), psutil where neither is readable."""
     from edge.probe import memory_available_bytes
 
     avail = memory_available_bytes()
@@ -54,8 +56,8 @@ def plan_for(
     model_ref: str | Path,
     settings: Settings,
     *,
-    available_bytes: Callable[[], int] = _available_bytes,
-    profile: Callable[[Settings], DeviceProfile | None] = _profile,
+    available_bytes: Callable[[], int] = available_bytes_now,
+    profile: Callable[[Settings], DeviceProfile | None] = device_profile,
 ) -> tuple[Path, MemoryPlan]:
     """(validated path, MemoryPlan). Raises ModelNotFound, InvalidGGUF."""
     from edge.gguf import validated
