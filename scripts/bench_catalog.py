@@ -27,7 +27,10 @@ better).
 
     .venv/bin/python scripts/bench_catalog.py [--models-dir .cache/models] [--runs 3] [--threads 2]
         [--requests 2] [--llama-server .cache/llamacpp-tools/bin/llama-server] [--json FILE]
-        [--only NAME ...]
+        [--only NAME ...] [--paired [--gap S]]
+
+`--paired` (run_paired): the targets side by side in time rather than one after another, for
+a host that drifts; the edge targets without the scheduler there, as its docstring says why.
 """
 
 from __future__ import annotations
@@ -203,6 +206,74 @@ def run_target(run: int, name: str, model: Path, target: str, port: int,
     return res
 
 
+def run_paired(name: str, model: Path, args: argparse.Namespace, ban: dict[str, int]) -> list[Result]:
+    """`--paired`: the three targets up at once, each in its own process, measured in turns request
+    by request (the order rotating), `--gap` seconds apart, so that the host's drift between
+    runs, 10-15 % on this VM, hits every target alike. The edge targets run with `--no-scheduler`
+    here: the other targets' turns are a busy neighbour to them (the harness's, not the user's),
+    and edge's contention control would rightly start each of its own turns on one thread."""
+    rows = {(run, t): Result(run, name, t) for run in range(1, args.runs + 1) for t in TARGETS}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    peaks: dict[str, PeakRss] = {}
+    urls: dict[str, tuple[str, str]] = {}
+    try:
+        for k, t in enumerate(TARGETS):
+            cmd, ready = command(t, model, args.port + k, args)
+            cmd += ["--no-scheduler"] if t.startswith("edge") else []
+            log = Path(tempfile.gettempdir()) / f"bench_catalog_paired_{t.replace(' ', '_')}.log"
+            procs[t] = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+            peaks[t] = PeakRss(procs[t].pid)
+            peaks[t].start()
+            urls[t] = (f"http://127.0.0.1:{args.port + k}", ready)
+        for t, (url, ready) in urls.items():
+            wait_ready(url, ready, procs[t])
+            urls[t] = (url, httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"])
+            story(url, urls[t][1], "a quiet morning", ban)  # warm-up
+        for run in range(1, args.runs + 1):
+            _paired_run(run, name, urls, rows, args, ban)
+    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+        for r in rows.values():
+            r.errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        for t, proc in procs.items():
+            peaks[t].stop_ev.set()
+            peaks[t].join()
+            proc.terminate()
+            proc.wait(60)
+            for run in range(1, args.runs + 1):
+                rows[(run, t)].peak_rss_bytes = peaks[t].peak
+    return list(rows.values())
+
+
+def _paired_run(run: int, name: str, urls: dict[str, tuple[str, str]], rows: dict[tuple[int, str], Result],
+                args: argparse.Namespace, ban: dict[str, int]) -> None:
+    """One run of `--paired`: each figure's requests in turns over the targets."""
+    rngs = {t: random.Random(f"{run}-{name}") for t in TARGETS}  # the same fresh prompts for each
+    sums = {(t, f): [0.0, 0.0] for t in TARGETS for f in ("one", "four", "ttft")}
+    for i in range(args.requests):
+        for figure in ("one", "four", "ttft"):
+            for t in TARGETS[(run + i) % 3:] + TARGETS[:(run + i) % 3]:
+                time.sleep(args.gap)
+                url, mid = urls[t]
+                acc = sums[(t, figure)]
+                if figure == "one":
+                    t0 = time.perf_counter()
+                    acc[0] += story(url, mid, SUBJECTS[i % len(SUBJECTS)], ban)
+                    acc[1] += time.perf_counter() - t0
+                elif figure == "four":
+                    n, w = streams(url, mid, [SUBJECTS[(i + k) % len(SUBJECTS)] for k in range(4)], ban)
+                    acc[0], acc[1] = acc[0] + n, acc[1] + w
+                else:
+                    acc[0], acc[1] = acc[0] + ttft(url, mid, rngs[t]), acc[1] + 1
+    for t in TARGETS:
+        r = rows[(run, t)]
+        r.one_tok_s = sums[(t, "one")][0] / sums[(t, "one")][1]
+        r.four_tok_s = sums[(t, "four")][0] / sums[(t, "four")][1]
+        r.ttft_s = sums[(t, "ttft")][0] / sums[(t, "ttft")][1]
+        print(f"run {run} {name} {t} (paired): one {r.one_tok_s:.1f} tok/s, four {r.four_tok_s:.1f} "
+              f"tok/s, TTFT {r.ttft_s:.2f} s", flush=True)
+
+
 def mean_of(rows: list[Result], model: str, target: str, attr: str) -> float:
     vals = [getattr(r, attr) for r in rows if r.model == model and r.target == target and not r.errors]
     return statistics.mean(vals) if vals else 0.0
@@ -239,12 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", action="append", default=[],
                    help="a catalog name (repeatable; default: all three)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--paired", action="store_true",
+                   help="all targets up at once, measured in turns request by request (run_paired)")
+    p.add_argument("--gap", type=float, default=0.5, help="--paired: seconds between two requests")
     args = p.parse_args(argv)
     manifest = json.loads((args.models_dir / "manifest.json").read_text())
     models = args.only or list(CATALOG)
     rows: list[Result] = []
     bans = {name: end_tokens(args.models_dir / manifest[name]["file"]) for name in models}
-    for run in range(1, args.runs + 1):
+    for name in models if args.paired else []:
+        rows += run_paired(name, args.models_dir / manifest[name]["file"], args, bans[name])
+    for run in range(1, 0 if args.paired else args.runs + 1):
         for name in models:
             path = args.models_dir / manifest[name]["file"]
             order = TARGETS[run % 3:] + TARGETS[:run % 3]
