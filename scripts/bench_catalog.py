@@ -160,8 +160,7 @@ def ttft(url: str, model_id: str, rng: random.Random) -> float:
 def measure(res: Result, url: str, ban: dict[str, int], args: argparse.Namespace) -> None:
     """`ban`: the model's end tokens, found before the target started (Gemma 3's 262k-token scan
     takes seconds of a core: done here, it was a neighbour that edge's contention control saw)."""
-    model_id = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-    story(url, model_id, "a quiet morning", ban)  # warm-up
+    model_id = warmed(url, ban)
     tokens, wall = 0, 0.0
     for i in range(args.requests):
         t0 = time.perf_counter()
@@ -177,32 +176,49 @@ def measure(res: Result, url: str, ban: dict[str, int], args: argparse.Namespace
     res.ttft_s = statistics.mean(ttft(url, model_id, rng) for _ in range(args.requests))
 
 
+class Server:
+    """One target's process (its log in the temp dir) and the peak-RSS sampler of its tree."""
+
+    def __init__(self, cmd: list[str], log_name: str) -> None:
+        self.log = open(Path(tempfile.gettempdir()) / log_name, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.sampler = PeakRss(self.proc.pid)
+        self.sampler.start()
+
+    def stop(self) -> int:
+        """End the process (by its PID) and return its tree's peak RSS."""
+        self.sampler.stop_ev.set()
+        self.sampler.join()
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        return self.sampler.peak
+
+
+def warmed(url: str, ban: dict[str, int]) -> str:
+    """The served model's id, after one warm-up request."""
+    model_id = str(httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"])
+    story(url, model_id, "a quiet morning", ban)
+    return model_id
+
+
 def run_target(run: int, name: str, model: Path, target: str, port: int,
                args: argparse.Namespace, ban: dict[str, int]) -> Result:
     res = Result(run, name, target)
     cmd, ready = command(target, model, port, args)
-    log_path = Path(tempfile.gettempdir()) / f"bench_catalog_{target.replace(' ', '_')}.log"
-    log = open(log_path, "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    sampler = PeakRss(proc.pid)
-    sampler.start()
+    server = Server(cmd, f"bench_catalog_{target.replace(' ', '_')}.log")
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, ready, proc)
+        wait_ready(url, ready, server.proc)
         measure(res, url, ban, args)
     except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
         res.errors.append(f"{type(exc).__name__}: {exc}")
     finally:
-        sampler.stop_ev.set()
-        sampler.join()
-        res.peak_rss_bytes = sampler.peak
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        res.peak_rss_bytes = server.stop()
     return res
 
 
@@ -213,35 +229,27 @@ def run_paired(name: str, model: Path, args: argparse.Namespace, ban: dict[str, 
     here: the other targets' turns are a busy neighbour to them (the harness's, not the user's),
     and edge's contention control would rightly start each of its own turns on one thread."""
     rows = {(run, t): Result(run, name, t) for run in range(1, args.runs + 1) for t in TARGETS}
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    peaks: dict[str, PeakRss] = {}
+    servers: dict[str, Server] = {}
     urls: dict[str, tuple[str, str]] = {}
     try:
         for k, t in enumerate(TARGETS):
             cmd, ready = command(t, model, args.port + k, args)
             cmd += ["--no-scheduler"] if t.startswith("edge") else []
-            log = Path(tempfile.gettempdir()) / f"bench_catalog_paired_{t.replace(' ', '_')}.log"
-            procs[t] = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-            peaks[t] = PeakRss(procs[t].pid)
-            peaks[t].start()
+            servers[t] = Server(cmd, f"bench_catalog_paired_{t.replace(' ', '_')}.log")
             urls[t] = (f"http://127.0.0.1:{args.port + k}", ready)
         for t, (url, ready) in urls.items():
-            wait_ready(url, ready, procs[t])
-            urls[t] = (url, httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"])
-            story(url, urls[t][1], "a quiet morning", ban)  # warm-up
+            wait_ready(url, ready, servers[t].proc)
+            urls[t] = (url, warmed(url, ban))
         for run in range(1, args.runs + 1):
             _paired_run(run, name, urls, rows, args, ban)
     except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
         for r in rows.values():
             r.errors.append(f"{type(exc).__name__}: {exc}")
     finally:
-        for t, proc in procs.items():
-            peaks[t].stop_ev.set()
-            peaks[t].join()
-            proc.terminate()
-            proc.wait(60)
+        for t, server in servers.items():
+            peak = server.stop()
             for run in range(1, args.runs + 1):
-                rows[(run, t)].peak_rss_bytes = peaks[t].peak
+                rows[(run, t)].peak_rss_bytes = peak
     return list(rows.values())
 
 

@@ -41,7 +41,7 @@ def test_a_quiet_load_reaches_python_with_no_line_and_knows_what_the_log_says(
         LlamaContext(held[0], ContextConfig(n_ctx=256, n_seq_max=1, n_threads=1))))
     assert ctx_lines == []  # nor one of the context's ~1,000
     ctx[0].close()
-    assert Backend.quiet_loads == 0
+    assert Backend.quiet_calls == 0
     # the Python route is back after both: this load's buffers come from the lines it heard
     told = LlamaModel(smollm2_path, quiet=False)
     try:

@@ -46,7 +46,7 @@ class Backend:
     ready = False
     warned_extra = False
     last_level = logging.DEBUG
-    quiet_loads = 0  # calls running with the C no-op callback (the callback is process-wide)
+    quiet_calls = 0  # calls running with the C no-op callback (the callback is process-wide)
     captured: ClassVar[dict[int, list[str]]] = {}  # thread id -> llama.cpp's lines while it loads a model
 
     @staticmethod
@@ -103,14 +103,14 @@ def quiet_log() -> Iterator[bool]:
     with Backend.lock:
         if not _NO_OP:
             _NO_OP.append(_no_op())
-        Backend.quiet_loads += 1
+        Backend.quiet_calls += 1
         llama_cpp.llama_log_set(_NO_OP[0], ctypes.c_void_p(0))
     try:
         yield True
     finally:
         with Backend.lock:
-            Backend.quiet_loads -= 1
-            if Backend.quiet_loads == 0:
+            Backend.quiet_calls -= 1
+            if Backend.quiet_calls == 0:
                 llama_cpp.llama_log_set(Backend.on_log, ctypes.c_void_p(0))
 
 
