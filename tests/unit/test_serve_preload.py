@@ -32,8 +32,10 @@ def test_afterthoughts_run_after_the_load_and_wait_does_not_wait_for_them() -> N
     hold.set()
     p._thread.join(10)
     assert order == ["record", "second"]
-    p.then(lambda: order.append("late"))  # after everything ended: runs here, at once
-    assert order[-1] == "late"
+    ran_on: list[str] = []
+    p.then(lambda: (order.append("late"), ran_on.append(threading.current_thread().name)))
+    p._thread.join(10)  # after everything ended: on a thread again, never the caller's
+    assert order[-1] == "late" and ran_on == ["edge-preload"]
 
 
 def test_afterthoughts_run_when_the_load_fails_and_their_errors_are_not_the_loads() -> None:
