@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gguf.constants import LlamaFileType
-
 from edge.errors import InvalidGGUF
+from edge.gguf.constants import LlamaFileType
 from edge.gguf.reader import KEEP_STRING_BYTES_MAX, GGUFArray, RawGGUF, SkippedString, shown
 from edge.kvcache import KV_CACHE_TYPES
 

@@ -18,10 +18,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from edge.errors import InvalidGGUF, ModelNotFound
 from edge.gguf.checked import CheckedFiles, identity_key
+from edge.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from edge.gguf.info import GGUFInfo, build_info
 from edge.gguf.reader import RawGGUF, RawTensor, parse_gguf, shown
 
