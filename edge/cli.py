@@ -56,7 +56,13 @@ def command_named(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(command_named(sys.argv[1:] if argv is None else argv))
+    words = sys.argv[1:] if argv is None else argv
+    command = command_named(words)
+    if command == "serve" and argv is None:  # a process of its own: the weights may start loading now
+        from edge.runtime.llama.early import EARLY
+
+        EARLY.begin(words)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

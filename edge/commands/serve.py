@@ -24,6 +24,7 @@ from edge.contracts.options import (
     REASONING_FORMATS,
     SPECULATIVE_MODES,
 )
+from edge.runtime.llama.early import EARLY
 from edge.runtime.types import EngineLike
 from edge.service.launch import bind_api_key, build_scheduler, open_host
 
@@ -168,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     host, first = open_host(args.model or [None], settings, preload=not args.lazy)
     host.import_runtime()  # first: the load's own Python is then short, its C part overlaps what follows
     preload = Preload(host)  # the weights load (in C, the GIL released) while the API is imported
+    preload.then(EARLY.finish)  # early loads nobody took closed, this start's loads recorded
     from edge.api.app import create_app
 
     scheduler = None if args.no_scheduler else build_scheduler(settings, host)

@@ -101,9 +101,11 @@ def launch(
     env: dict[str, str] | None = None,
     notify: bool = False,
     wait: bool = True,
+    port: int | None = None,
 ) -> LiveServer:
-    """Start `edge serve MODEL` on a free loopback port (bind `host`); optionally with NOTIFY_SOCKET."""
-    port = free_port("127.0.0.1")
+    """Start `edge serve MODEL` on a free loopback port (bind `host`), or on `port`; optionally
+    with NOTIFY_SOCKET."""
+    port = port or free_port("127.0.0.1")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "EDGE_MODELS_DIR": str(tmp / "models")}
     full_env.pop("EDGE_API_KEY", None)
     full_env.update(env or {})

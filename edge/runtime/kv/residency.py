@@ -31,6 +31,7 @@ from edge.runtime.embed.models import EmbedModels
 from edge.runtime.llama import attention, pages
 from edge.runtime.llama.attention import AttnTiming
 from edge.runtime.llama.batch import Batch
+from edge.runtime.llama.early import EARLY, Loader
 from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
 from edge.runtime.llama.probe_cache import build_identity
 from edge.runtime.spec.config import rollback_blocker
@@ -84,8 +85,9 @@ class Residency:
 
     def __init__(self, spec: LoadSpec, clock: Clock, keep_alive_s: float | None,
                  idle_poll_s: float = 1.0, template_override: str | None = None,
-                 embed_model_path: str | None = None) -> None:
+                 embed_model_path: str | None = None, weights: Loader | None = None) -> None:
         self.spec = spec
+        self._weights = weights or EARLY.open  # (path, n_gpu_layers) -> mapped weights, maybe loaded early
         self.clock = clock
         self.keep_alive_s = keep_alive_s
         self.idle_poll_s = max(0.001, idle_poll_s)
@@ -134,7 +136,7 @@ class Residency:
         thread warms the context up (`warm_up()`) before its first step."""
         s = self.spec
         kept = self.model if self._pages_kept() else None
-        model = kept or LlamaModel(s.model_path, n_gpu_layers=s.n_gpu_layers, use_mmap=True)  # page cache
+        model = kept or self._weights(s.model_path, s.n_gpu_layers)  # mapped: the page cache keeps them
         try:
             n_ctx = min(s.n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else s.n_ctx
             self.spec_blocker = rollback_blocker(model)
@@ -148,7 +150,7 @@ class Residency:
         draft: DraftModel | None = None
         try:
             if s.draft_model_path is not None and self.spec_blocker is None:
-                weights = LlamaModel(s.draft_model_path, n_gpu_layers=s.n_gpu_layers, use_mmap=True)
+                weights = self._weights(s.draft_model_path, s.n_gpu_layers)
                 draft = DraftModel(weights, ctx.n_ctx, s.n_slots, s.n_batch, n_threads, s.kv_type)
             if s.warmup and warm:
                 ctx.warm_up(model)

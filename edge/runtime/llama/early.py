@@ -1,0 +1,200 @@
+"""Early weights: the start a command line made last time begins its model loads before Python has
+imported the rest of edge.
+
+`edge serve` spends most of its start in Python imports (settings, the store, the engine, the
+HTTP stack: ~0.9 s on a 2-core VM) before it knows which file to load, then waits for llama.cpp to
+map the weights, make a context and warm up. The weights load is C with the GIL released and no
+Python log callback (loadlog.py), so it can run beside those imports on another core, if it can
+start before them. The first thing `edge serve` does (cli.py) is therefore `begin(argv)`: if the
+same command line, in the same directory with the same `EDGE_*` environment, loaded models last
+time (a record in the cache directory), and each file is still the one it was, the loads start on
+a thread now. `Residency.open` takes a model through `open_weights`, which hands over the early
+one when path and placement match, and otherwise loads as before; `finish()` closes what nobody
+took and records what this start loaded, for the next.
+
+A wrong guess costs a load on the idle core and the page cache, never the result: what is handed
+over is only what the host would have loaded itself. Loads that would not be quiet (a GPU build,
+repacked weights: the placement depends on memory the plan has not seen yet) never start early,
+nor under `-v` (the log is wanted then) or `--lazy` (nothing loads at start).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edge.dirs import cache_dir
+
+if TYPE_CHECKING:
+    from edge.runtime.llama.model import LlamaModel
+
+log = logging.getLogger("edge.engine")
+
+RECORD_VERSION = 1
+SKIP_FLAGS = frozenset({"-v", "--verbose", "--lazy", "-h", "--help"})  # see the module docstring
+
+
+@dataclass(frozen=True)
+class Weights:
+    """One model load as `Residency.open` asks for it, and the file it found there."""
+
+    path: str
+    n_gpu_layers: int
+    file_id: tuple[int, int, int, int]  # model.file_identity: replaced files never match
+
+
+def start_key(argv: Sequence[str], cwd: str, env: dict[str, str], exe: str = sys.executable) -> str:
+    """What must be the same for the last start's loads to be this one's: the command line, where
+    it runs, the `EDGE_*` settings and the interpreter (hence the installed edge)."""
+    edge_env = sorted((k, v) for k, v in env.items() if k.startswith("EDGE_"))
+    blob = json.dumps([list(argv), cwd, edge_env, exe], separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+Loader = Callable[[str, int], "LlamaModel"]
+
+
+def _load_weights(path: str, n_gpu_layers: int) -> LlamaModel:
+    from edge.runtime.llama.model import LlamaModel
+
+    return LlamaModel(path, n_gpu_layers=n_gpu_layers, use_mmap=True)  # as Residency.open does
+
+
+def _quiet_here() -> bool:
+    """Whether a mapped load on this build is quiet (loadlog.known_buffers), so it runs without
+    the GIL and its placement does not wait for the memory plan."""
+    from edge.runtime.llama.backend import probe_backends
+    from edge.runtime.llama.loadlog import ensure_backend, known_buffers
+    from edge.runtime.llama.model import extra_buffers
+
+    if known_buffers(probe_backends().gpu_offload, extra_buffers(), True, False) is None:
+        return False
+    ensure_backend()  # here, before the thread: the log route is set once, by this thread
+    return True
+
+
+class EarlyWeights:
+    """The early loads of one process: `begin`, then `open` for each load, then `finish`."""
+
+    def __init__(self, root: Path | None = None, loader: Loader = _load_weights,
+                 quiet_here: Callable[[], bool] = _quiet_here) -> None:
+        self._root = root  # None: cache_dir()/starts, read when first needed
+        self._loader = loader
+        self._quiet_here = quiet_here
+        self._lock = threading.Lock()
+        self._key: str | None = None
+        self._recorded: list[Weights] = []
+        self._early: dict[tuple[str, int], LlamaModel | BaseException] = {}
+        self._thread: threading.Thread | None = None
+        self._seen: list[Weights] = []  # what this start loaded, recorded by finish()
+        self._finished = False
+        self.handed_over = 0  # early loads taken by open() (logs, tests)
+
+    @property
+    def root(self) -> Path:
+        return self._root or cache_dir() / "starts"
+
+    def begin(self, argv: Sequence[str], cwd: str | None = None, env: dict[str, str] | None = None) -> int:
+        """Start the loads the last start with this command line made; how many started."""
+        if SKIP_FLAGS.intersection(argv):
+            return 0
+        self._key = start_key(argv, cwd or os.getcwd(), dict(os.environ) if env is None else env)
+        self._recorded = self._read(self._key)
+        todo = [w for w in self._recorded if _identity(w.path) == w.file_id]
+        if not todo or not self._quiet_here():
+            return 0
+        self._thread = threading.Thread(target=self._run, args=(todo,), name="edge-early-load", daemon=True)
+        self._thread.start()
+        atexit.register(self._join)  # a start that fails first exits with no load mid-flight
+        return len(todo)
+
+    def _run(self, todo: list[Weights]) -> None:
+        for w in todo:
+            try:
+                got: LlamaModel | BaseException = self._loader(w.path, w.n_gpu_layers)
+            except BaseException as exc:  # handed to open(), which loads again and reports it
+                got = exc
+            with self._lock:
+                self._early[(w.path, w.n_gpu_layers)] = got
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def open(self, path: str, n_gpu_layers: int) -> LlamaModel:
+        """The weights `Residency.open` needs: the early load of this file and placement when
+        there is one, else a load now."""
+        with self._lock:
+            if self._key is not None and not self._finished:
+                file_id = _identity(path)
+                if file_id is not None:
+                    self._seen.append(Weights(path, n_gpu_layers, file_id))
+            waiting = self._thread is not None and (path, n_gpu_layers) in {
+                (w.path, w.n_gpu_layers) for w in self._recorded}
+        if waiting:
+            self._join()
+        with self._lock:
+            got = self._early.pop((path, n_gpu_layers), None)
+        if got is not None and not isinstance(got, BaseException) and got.same_file():
+            self.handed_over += 1
+            log.info("weights of %s loaded early, beside the start's imports (the last start with "
+                     "this command line loaded them)", Path(path).name)
+            return got
+        if got is not None and not isinstance(got, BaseException):
+            got.close()  # the file changed under it
+        return self._loader(path, n_gpu_layers)
+
+    def finish(self) -> None:
+        """The start's loads are done: close early loads nobody took, record what was loaded."""
+        self._join()
+        with self._lock:
+            self._finished = True
+            left, self._early = list(self._early.values()), {}
+            seen, key = list(self._seen), self._key
+        for got in left:
+            if not isinstance(got, BaseException):
+                got.close()
+        if key is not None and seen and seen != self._recorded:
+            self._write(key, seen)
+
+    def _read(self, key: str) -> list[Weights]:
+        try:
+            data = json.loads((self.root / f"{key}.json").read_text())
+            if data.get("version") != RECORD_VERSION:
+                return []
+            return [Weights(m["path"], int(m["n_gpu_layers"]), tuple(m["file_id"]))
+                    for m in data["models"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []  # none yet, or unreadable: this start records anew
+
+    def _write(self, key: str, seen: list[Weights]) -> None:
+        body = {"version": RECORD_VERSION, "models": [
+            {"path": w.path, "n_gpu_layers": w.n_gpu_layers, "file_id": list(w.file_id)} for w in seen]}
+        path = self.root / f"{key}.json"
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(body))
+            os.replace(tmp, path)  # two servers starting at once each leave a whole record
+        except OSError as exc:
+            log.debug("start record not written: %s", exc)
+
+
+EARLY = EarlyWeights()  # this process's: cli.py begins it, Residency.open takes from it, serve finishes it
