@@ -31,16 +31,20 @@ class _Model:
 
 
 class _Loader:
-    """Loads fake models, failing the paths in `fail` (once each)."""
+    """Loads fake models, failing the paths in `fail` (once each), holding those in `hold` until
+    their event is set."""
 
-    def __init__(self, fail: set[str] | None = None) -> None:
+    def __init__(self, fail: set[str] | None = None, hold: dict[str, threading.Event] | None = None) -> None:
         self.calls: list[tuple[str, int, str]] = []
         self.fail = set(fail or ())
+        self.hold = hold or {}
         self.made: list[_Model] = []
 
     def __call__(self, path: str, n_gpu_layers: int) -> _Model:
         name = threading.current_thread().name
         self.calls.append((path, n_gpu_layers, name))
+        if path in self.hold:
+            assert self.hold[path].wait(10)
         if path in self.fail:
             self.fail.discard(path)
             raise OSError("cannot read")
@@ -200,3 +204,21 @@ def test_an_unreadable_record_is_replaced(tmp_path: Path) -> None:
     _first_start(root, [path])
     assert _early(root, _Loader()).begin(ARGV, "/srv", ENV) == 1
     assert not [p for p in os.listdir(root) if p.endswith(".tmp")]
+
+
+def test_the_first_model_is_handed_over_while_the_next_one_still_loads(tmp_path: Path) -> None:
+    root, a, b = tmp_path / "starts", _model(tmp_path, "a.gguf"), _model(tmp_path, "b.gguf")
+    _first_start(root, [a, b])  # e.g. a chat model and --embedding-model
+    release_b = threading.Event()
+    loader = _Loader(hold={b: release_b})
+    early = _early(root, loader)
+    assert early.begin(ARGV, "/srv", ENV) == 2
+    got: list[_Model] = []
+    took_a = threading.Thread(target=lambda: got.append(early.open(a, 0)))
+    took_a.start()
+    took_a.join(10)
+    assert not took_a.is_alive() and got[0].path == a  # while b is still loading
+    assert got[0].thread == "edge-early-load"
+    release_b.set()
+    assert early.open(b, 0).thread == "edge-early-load" and early.handed_over == 2
+    early.finish()

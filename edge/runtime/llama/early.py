@@ -99,10 +99,12 @@ class EarlyWeights:
         self._loader = loader
         self._quiet_here = quiet_here
         self._lock = threading.Lock()
+        self._loaded = threading.Condition(self._lock)  # notified as each early load ends
         self._key: str | None = None
         self._recorded: list[Weights] = []
         self._early: dict[tuple[str, int], LlamaModel | BaseException] = {}
         self._thread: threading.Thread | None = None
+        self._pending: set[tuple[str, int]] = set()  # early loads not ended yet
         self._seen: list[Weights] = []  # what this start loaded, recorded by finish()
         self._finished = False
         self.handed_over = 0  # early loads taken by open() (logs, tests)
@@ -120,6 +122,7 @@ class EarlyWeights:
         todo = [w for w in self._recorded if _identity(w.path) == w.file_id]
         if not todo or not self._quiet_here():
             return 0
+        self._pending = {(w.path, w.n_gpu_layers) for w in todo}
         self._thread = threading.Thread(target=self._run, args=(todo,), name="edge-early-load", daemon=True)
         self._thread.start()
         atexit.register(self._join)  # a start that fails first exits with no load mid-flight
@@ -131,8 +134,10 @@ class EarlyWeights:
                 got: LlamaModel | BaseException = self._loader(w.path, w.n_gpu_layers)
             except BaseException as exc:  # handed to open(), which loads again and reports it
                 got = exc
-            with self._lock:
+            with self._loaded:
                 self._early[(w.path, w.n_gpu_layers)] = got
+                self._pending.discard((w.path, w.n_gpu_layers))
+                self._loaded.notify_all()
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -140,17 +145,13 @@ class EarlyWeights:
 
     def open(self, path: str, n_gpu_layers: int) -> LlamaModel:
         """The weights `Residency.open` needs: the early load of this file and placement when
-        there is one, else a load now."""
-        with self._lock:
+        there is one (waiting for that load only), else a load now."""
+        with self._loaded:
             if self._key is not None and not self._finished:
                 file_id = _identity(path)
                 if file_id is not None:
                     self._seen.append(Weights(path, n_gpu_layers, file_id))
-            waiting = self._thread is not None and (path, n_gpu_layers) in {
-                (w.path, w.n_gpu_layers) for w in self._recorded}
-        if waiting:
-            self._join()
-        with self._lock:
+            self._loaded.wait_for(lambda: (path, n_gpu_layers) not in self._pending)
             got = self._early.pop((path, n_gpu_layers), None)
         if got is not None and not isinstance(got, BaseException) and got.same_file():
             self.handed_over += 1
