@@ -24,7 +24,6 @@ from edge.contracts.options import (
     REASONING_FORMATS,
     SPECULATIVE_MODES,
 )
-from edge.runtime.llama.early import EARLY
 from edge.runtime.types import EngineLike
 from edge.service.launch import bind_api_key, build_scheduler, open_host
 
@@ -169,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     host, first = open_host(args.model or [None], settings, preload=not args.lazy)
     host.import_runtime()  # first: the load's own Python is then short, its C part overlaps what follows
     preload = Preload(host)  # the weights load (in C, the GIL released) while the API is imported
+    from edge.runtime.llama.early import EARLY  # here: other commands' parsers import this module
+
     preload.then(EARLY.finish)  # early loads nobody took closed, this start's loads recorded
     from edge.api.app import create_app
 

@@ -222,3 +222,14 @@ def test_the_first_model_is_handed_over_while_the_next_one_still_loads(tmp_path:
     release_b.set()
     assert early.open(b, 0).thread == "edge-early-load" and early.handed_over == 2
     early.finish()
+
+
+def test_the_command_line_parser_loads_no_native_library() -> None:
+    """`edge --help` builds every command's parser: `serve` reaches the early weights (and
+    llama.cpp) only when it runs."""
+    import subprocess
+    import sys
+
+    code = "import sys, edge.cli; edge.cli.build_parser(None); print('llama_cpp' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
