@@ -8,7 +8,7 @@ Python log callback (loadlog.py), so it can run beside those imports on another 
 start before them. The first thing `edge serve` does (cli.py) is therefore `begin(argv)`: if the
 same command line, in the same directory with the same `EDGE_*` environment, loaded models last
 time (a record in the cache directory), and each file is still the one it was, the loads start on
-a thread now. `Residency.open` takes a model through `open_weights`, which hands over the early
+a thread now. `Residency.open` takes a model through `EARLY.open`, which hands over the early
 one when path and placement match, and otherwise loads as before; `finish()` closes what nobody
 took and records what this start loaded, for the next.
 
@@ -61,11 +61,13 @@ def start_key(argv: Sequence[str], cwd: str, env: dict[str, str], exe: str = sys
 
 
 def _identity(path: str) -> tuple[int, int, int, int] | None:
+    """`model.file_identity` (what `LlamaModel.same_file` compares), None where there is no file."""
+    from edge.runtime.llama.model import file_identity
+
     try:
-        st = os.stat(path)
+        return file_identity(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 Loader = Callable[[str, int], "LlamaModel"]

@@ -174,18 +174,18 @@ class GreedySampler:
         self._row = row
         self._ids = np.fromiter(logit_bias, dtype=np.int64, count=len(logit_bias))
         self._bias = np.fromiter(logit_bias.values(), dtype=np.float32, count=len(logit_bias))
-        self._scratch = np.empty(n_vocab, dtype=np.float32) if logit_bias else None
+        self._scratch = np.empty(n_vocab if logit_bias else 0, dtype=np.float32)
 
     def sample(self, ctx: Any, idx: int) -> int:
         logits = self._row(ctx, idx, self.n_vocab)
-        if self._scratch is None:
+        if not self._ids.size:
             return int(logits.argmax())
         np.copyto(self._scratch, logits)
         np.add.at(self._scratch, self._ids, self._bias)
         return int(self._scratch.argmax())
 
     def free(self) -> None:
-        self._scratch = None
+        """Nothing is held outside Python."""
 
 
 class GrammarFirstLast:
