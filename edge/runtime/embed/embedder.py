@@ -20,14 +20,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edge.errors import ContextOverflow, DecodeFailed, InvalidRequest
 from edge.runtime.llama import llama_cpp
 from edge.runtime.llama.batch import Batch
 from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
+
+if TYPE_CHECKING:  # imported by the first embedding, not by every start (50-70 ms)
+    import numpy as np
 
 BATCH_TOKENS = 2048  # the longest single input (one is embedded in one go: pooling sees it whole)
 MAX_SEQS = 16  # inputs per batch
@@ -158,6 +159,8 @@ class Embedder:
                 if not job.future.done():
                     job.future.set_exception(err)
             return len(picks)
+        import numpy as np
+
         for s, (job, i) in enumerate(picks):
             ptr = llama_cpp.llama_get_embeddings_seq(self.ctx.ptr, s)
             vec = np.array(np.ctypeslib.as_array(ptr, shape=(self.n_embd,)), dtype=np.float32)

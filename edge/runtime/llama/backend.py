@@ -86,7 +86,7 @@ def extra_buffers_default(system_info: str, env: dict[str, str] | None = None) -
 def probe_backends() -> BackendInfo:
     """Inspect the installed build once per process (importing llama_cpp loads the libraries)."""
     try:
-        import llama_cpp
+        from edge.runtime.llama import llama_cpp
     except Exception as exc:  # ImportError, or OSError from a broken shared library
         return BackendInfo(None, False, False, False, False, False, "", (), error=str(exc))
     llama_cpp.llama_backend_init()

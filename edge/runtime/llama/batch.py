@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import llama_cpp
+from edge.runtime.llama import llama_cpp
 
 
 class Batch:

@@ -54,14 +54,23 @@ def _ggml_string(lib: Any, name: str) -> str:
     return raw.decode("utf-8", "replace") if raw else UNKNOWN
 
 
+def _binding_version() -> str:
+    """The installed llama-cpp-python's version (edge loads its bindings without the package's
+    `__init__`, which is where `llama_cpp.__version__` is set)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:  # run from a source tree on sys.path
+        return UNKNOWN
+
+
 @functools.lru_cache(maxsize=1)
 def build_info() -> BuildInfo:
     """Inspect the installed build once per process; never raises (a broken install is reported)."""
     backends = probe_backends()
     if backends.error is not None:
         return BuildInfo(UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN, (), error=backends.error)
-    from edge.runtime.llama import llama_cpp
-
     try:
         from llama_cpp import _ggml
 
@@ -69,7 +78,7 @@ def build_info() -> BuildInfo:
     except Exception:  # an older binding without the ggml module: version and commit unknown
         lib = None
     return BuildInfo(
-        llama_cpp_python=getattr(llama_cpp, "__version__", None) or UNKNOWN,
+        llama_cpp_python=_binding_version(),
         llama_cpp_build=UNKNOWN,  # see the module docstring
         llama_cpp_commit=_ggml_string(lib, "ggml_commit") if lib is not None else UNKNOWN,
         ggml_version=_ggml_string(lib, "ggml_version") if lib is not None else UNKNOWN,

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-import llama_cpp
+from edge.runtime.llama import llama_cpp
 
 log = logging.getLogger("edge.llama")
 

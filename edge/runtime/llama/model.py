@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llama_cpp  # edge/runtime/llama/__init__.py has set the thread-wait policy (threads.py) by now
-
 from edge.contracts.options import DEFAULT_N_BATCH, DEFAULT_SLOTS
 from edge.errors import ModelLoadError
 from edge.kvcache import KV_CACHE_TYPES
+from edge.runtime.llama import llama_cpp
 from edge.runtime.llama.backend import EXTRA_BUFFERS_ENV, probe_backends
 from edge.runtime.llama.loadlog import (
     BUFFER_LINE,

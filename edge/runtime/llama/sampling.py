@@ -18,14 +18,15 @@ import json
 import math
 import random
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import llama_cpp
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edge.contracts.options import PENALTY_ABS_MAX, REPEAT_PENALTY_MAX, TEMPERATURE_MAX
 from edge.errors import InvalidRequest
+from edge.runtime.llama import llama_cpp
 from edge.runtime.types import SamplingParams
+
+if TYPE_CHECKING:  # numpy is imported where a sample needs it: 50-70 ms that no start should wait for
+    import numpy as np
 
 SamplerPtr = Any  # ctypes pointer to struct llama_sampler
 
@@ -151,6 +152,8 @@ LogitsRow = Callable[[Any, int, int], "np.ndarray"]  # (ctx, batch row, n_vocab)
 
 def logits_row(ctx: Any, idx: int, n_vocab: int) -> np.ndarray:
     """Batch row `idx`'s logits as llama.cpp holds them (a view, no copy)."""
+    import numpy as np
+
     ptr = llama_cpp.llama_get_logits_ith(ctx, idx)
     if not ptr:
         raise RuntimeError(f"llama.cpp has no logits for batch row {idx}")
@@ -167,10 +170,13 @@ class GreedySampler:
     the lowest token id, as llama.cpp's greedy sampler keeps the first. Greedy and logit-bias
     samplers keep no state, so nothing needs accepting."""
 
-    __slots__ = ("_bias", "_ids", "_row", "_scratch", "n_vocab")
+    __slots__ = ("_add_at", "_bias", "_copyto", "_ids", "_row", "_scratch", "n_vocab")
 
     def __init__(self, logit_bias: dict[int, float], n_vocab: int, row: LogitsRow = logits_row) -> None:
+        import numpy as np
+
         self.n_vocab = n_vocab
+        self._copyto, self._add_at = np.copyto, np.add.at
         self._row = row
         self._ids = np.fromiter(logit_bias, dtype=np.int64, count=len(logit_bias))
         self._bias = np.fromiter(logit_bias.values(), dtype=np.float32, count=len(logit_bias))
@@ -180,8 +186,8 @@ class GreedySampler:
         logits = self._row(ctx, idx, self.n_vocab)
         if not self._ids.size:
             return int(logits.argmax())
-        np.copyto(self._scratch, logits)
-        np.add.at(self._scratch, self._ids, self._bias)
+        self._copyto(self._scratch, logits)
+        self._add_at(self._scratch, self._ids, self._bias)
         return int(self._scratch.argmax())
 
     def free(self) -> None:
@@ -245,6 +251,8 @@ def token_logprobs(ctx: Any, idx: int, n_vocab: int, token: int,
     Only called for requests that ask (OpenAI `logprobs`): one log-softmax over the vocabulary
     in float64, from the logits llama.cpp already holds (no copy of them is kept).
     """
+    import numpy as np
+
     logits = logits_row(ctx, idx, n_vocab).astype(np.float64)
     m = float(logits.max())
     lse = m + math.log(float(np.exp(logits - m).sum()))

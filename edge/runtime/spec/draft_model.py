@@ -24,8 +24,6 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-import numpy as np
-
 from edge.runtime.llama import llama_cpp
 from edge.runtime.llama.batch import Batch
 from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
@@ -158,6 +156,8 @@ class DraftModel:
         return rows
 
     def _argmax(self, row: int) -> int:
+        import numpy as np  # here, not at the top: most starts never load a draft model
+
         ptr = llama_cpp.llama_get_logits_ith(self.ctx.ptr, row)
         logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), (self.n_vocab,))
         return int(np.argmax(logits))
