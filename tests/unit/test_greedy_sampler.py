@@ -55,6 +55,27 @@ def test_bias_sums_round_as_float32_like_llama_cpp() -> None:
     assert GreedySampler({1: 4.0}, 2, row).sample(None, 0) == 0
 
 
+def test_biases_without_copying_the_row_choose_as_the_whole_biased_row() -> None:
+    """The path that reads only the biased logits agrees with adding every bias to a copy of the
+    row, on rows full of ties (small integer logits) and biases that ban, raise and tie."""
+    rng = np.random.default_rng(7)
+    copies = 0
+    for _ in range(3000):
+        n = int(rng.integers(2, 12))
+        logits = rng.integers(-3, 4, size=n).astype(np.float32)
+        ids = rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False)
+        bias = {int(i): float(rng.choice([-math.inf, -100.0, -1.0, 1.0, 2.0, 0.0])) for i in ids}
+        expect = logits.copy()
+        for i, b in bias.items():
+            expect[i] = np.float32(expect[i] + np.float32(b))
+        row, _ = _rows(logits.tolist())
+        s = GreedySampler(bias, n, row)
+        scratch_before = s._scratch.copy()
+        assert s.sample(None, 0) == int(expect.argmax()), (logits, bias)
+        copies += not np.array_equal(s._scratch, scratch_before)
+    assert 0 < copies < 3000  # both paths ran: the copy only where the unbiased best is biased
+
+
 @pytest.mark.parametrize("params, kind", [
     (SamplingParams(temperature=0.0), GreedySampler),
     (SamplingParams(temperature=0.0, logit_bias={5: -100.0}), GreedySampler),

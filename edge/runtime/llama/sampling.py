@@ -168,9 +168,14 @@ class GreedySampler:
     EPYC), paid for every emitted token and, while speculating, every verified draft row. The
     choice is the chain's: biases added in float32 as llama.cpp adds them, and of equal logits
     the lowest token id, as llama.cpp's greedy sampler keeps the first. Greedy and logit-bias
-    samplers keep no state, so nothing needs accepting."""
+    samplers keep no state, so nothing needs accepting.
 
-    __slots__ = ("_add_at", "_bias", "_copyto", "_ids", "_row", "_scratch", "n_vocab")
+    With biases (a benchmark's banned end tokens, a client's `logit_bias`) the row is not copied
+    unless it must be: the unbiased best token wins unless it is itself biased or a biased token
+    reaches its logit, which the few biased logits alone decide (a 1 MB copy and add less per
+    token on a 262k vocabulary, 0.15 ms here)."""
+
+    __slots__ = ("_add_at", "_bias", "_copyto", "_id_set", "_ids", "_row", "_scratch", "n_vocab")
 
     def __init__(self, logit_bias: dict[int, float], n_vocab: int, row: LogitsRow = logits_row) -> None:
         import numpy as np
@@ -179,13 +184,24 @@ class GreedySampler:
         self._copyto, self._add_at = np.copyto, np.add.at
         self._row = row
         self._ids = np.fromiter(logit_bias, dtype=np.int64, count=len(logit_bias))
+        self._id_set = frozenset(int(i) for i in logit_bias)
         self._bias = np.fromiter(logit_bias.values(), dtype=np.float32, count=len(logit_bias))
         self._scratch = np.empty(n_vocab if logit_bias else 0, dtype=np.float32)
 
     def sample(self, ctx: Any, idx: int) -> int:
         logits = self._row(ctx, idx, self.n_vocab)
+        best = int(logits.argmax())  # the lowest id of the highest logit
         if not self._ids.size:
-            return int(logits.argmax())
+            return best
+        if best not in self._id_set:
+            biased = logits[self._ids] + self._bias  # float32, as the chain adds them
+            top, plain = biased.max(), logits[best]
+            if top < plain:
+                return best
+            winners = self._ids[biased == top]  # empty only for a NaN: the whole row decides
+            if winners.size:
+                lowest = int(winners.min())
+                return lowest if top > plain else min(lowest, best)
         self._copyto(self._scratch, logits)
         self._add_at(self._scratch, self._ids, self._bias)
         return int(self._scratch.argmax())
