@@ -229,7 +229,7 @@ def test_embeddings_take_at_most_their_share_beside_chat_and_every_step_alone() 
 def test_plan_gives_decoding_sequences_drafts_only_while_speculation_is_allowed() -> None:
     from edge.runtime.spec.rules import DraftAsk
 
-    cost = tuple((n, 0.010 + 0.0005 * (n - 1)) for n in range(1, 20))  # verifying is cheap
+    cost = tuple((n, 0.010 + 0.0002 * (n - 1)) for n in range(1, 20))  # verifying is cheap
     slots = (SlotView(0, SlotState.DECODE, 0, 10), SlotView(1, SlotState.DECODE, 0, 10))
     view = StepView(n_ctx=256, batch_capacity=64, token_budget=32, slots=slots,
                     running=(SeqView(0, (0, 0), 0), SeqView(1, (0, 1), 0)),

@@ -298,7 +298,7 @@ def plan_step(view: StepView, knobs: Knobs) -> StepPlan:
 def plan_drafts(view: StepView, knobs: Knobs, chunks: Sequence[Chunk]) -> tuple[tuple[int, int], ...]:
     """Each decoding sequence's draft length for this step: none while the scheduler cuts load
     (`knobs.speculate`) or right after the KV cache had no room for a batch, else what
-    maximises the step's expected tokens per second given each
+    maximises the product of the step's sequences' expected tokens per second given each
     sequence's acceptance and the measured step cost (`rules.choose_drafts`), within
     what the batch has room for."""
     if not knobs.speculate or not view.draft_asks or (view.last is not None and view.last.kv_full):
@@ -309,7 +309,7 @@ def plan_drafts(view: StepView, knobs: Knobs, chunks: Sequence[Chunk]) -> tuple[
     room = view.batch_capacity - base
     out: list[tuple[int, int]] = []
     for sid, n in sorted(choose_drafts(asks, base, StepCost.from_table(view.step_cost),
-                                            view.draft_token_s).items()):
+                                       view.draft_token_s, len(chunks)).items()):
         n = min(n, room)
         if n > 0:
             out.append((sid, n))
