@@ -59,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     command = command_named(words)
     if command == "serve" and argv is None:  # a process of its own: the weights may start loading now
+        from edge.gcpause import START
         from edge.runtime.llama.early import EARLY
 
+        START.pause()  # settled by serve once the load is done and the first requests ran
         EARLY.begin(words)
     parser = build_parser(command)
     args = parser.parse_args(argv)

@@ -179,11 +179,25 @@ def run(args: argparse.Namespace) -> int:
     # deployments/<UTC time>.json, what this start runs: written once the models named have loaded
     # (or failed to) and the first requests had the cores (a first start hashes each model file)
     preload.then(lambda: record_start(settings, [first.path]), after_s=RECORD_AFTER_S)
+    preload.then(_after_start)  # what the first token should not wait for
     return _serve(app, settings, preload, scheduler, agent_at, auth=bool(api_key),
                   verbose=bool(getattr(args, "verbose", False)), model_path=first.path)
 
 
 RECORD_AFTER_S = 3.0  # the deployment record waits this long after the load
+
+
+def _after_start() -> None:
+    """Once the start's loads and first requests are done: numpy for greedy sampling (a chain
+    samples until then: runtime.llama.sampling.import_numpy), and the garbage collector that
+    cli.main paused for the start (edge.gcpause)."""
+    from edge.gcpause import START
+    from edge.runtime.llama.sampling import import_numpy
+
+    import_numpy()
+    found = START.settle()
+    if found:
+        log.debug("garbage collector back on: %d unreachable objects from the start", found)
 
 
 class Preload:

@@ -92,3 +92,20 @@ def test_greedy_decoding_without_penalties_or_grammar_is_the_numpy_path(params: 
         assert type(sampler) is kind
     finally:
         sampler.free()
+
+
+def test_greedy_decoding_samples_with_the_chain_until_numpy_is_imported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server imports numpy once its start is over (serve._after_start): a greedy request
+    before that must not pay the import on its first token, so it gets the chain."""
+    import sys
+
+    from edge.runtime.llama.loadlog import ensure_backend
+
+    ensure_backend()
+    monkeypatch.delitem(sys.modules, "numpy")  # restored after the test
+    sampler = build_sampler(SamplingParams(temperature=0.0), None, 32)
+    try:
+        assert type(sampler) is ChainSampler
+    finally:
+        sampler.free()
