@@ -36,10 +36,11 @@ def test_a_restart_takes_the_weights_loaded_early_and_answers_the_same(smollm2_p
     finally:
         assert second.stop() == 0
     assert f"weights of {smollm2_path.name} loaded early" in second.log()
+    assert f"context of {smollm2_path.name} made early" in second.log()  # and the same text above
 
     other = launch(tmp_path, smollm2_path, "--slots", "2", env=env, port=port)  # another command line
     try:
         assert _complete(other.url) == text
     finally:
         assert other.stop() == 0
-    assert "loaded early" not in other.log()
+    assert "loaded early" not in other.log() and "made early" not in other.log()

@@ -141,8 +141,8 @@ class Residency:
             n_ctx = min(s.n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else s.n_ctx
             self.spec_blocker = rollback_blocker(model)
             n_out = s.n_outputs if self.spec_blocker is None else None  # no drafts: one row per slot
-            ctx = LlamaContext(model, self._context_config(n_ctx, n_threads, n_out,
-                                                           self._flash_attn_at_open(n_threads), model.n_swa))
+            ctx = EARLY.context(model, self._context_config(n_ctx, n_threads, n_out,  # maybe made early
+                                                            self._flash_attn_at_open(n_threads), model.n_swa))
         except BaseException:
             if model is not kept:
                 model.close()

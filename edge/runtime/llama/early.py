@@ -1,5 +1,5 @@
-"""Early weights: the start a command line made last time begins its model loads before Python has
-imported the rest of edge.
+"""Early weights: the start a command line made last time begins its model loads (and contexts)
+before Python has imported the rest of edge.
 
 `edge serve` spends most of its start in Python imports (settings, the store, the engine, the
 HTTP stack: ~0.9 s on a 2-core VM) before it knows which file to load, then waits for llama.cpp to
@@ -11,6 +11,13 @@ time (a record in the cache directory), and each file is still the one it was, t
 a thread now. `Residency.open` takes a model through `EARLY.open`, which hands over the early
 one when path and placement match, and otherwise loads as before; `finish()` closes what nobody
 took and records what this start loaded, for the next.
+
+The context (KV cache and compute buffers: ~140 ms for SmolLM2's 8192 cells on that VM, most of
+it clearing the cache's memory) is C without the GIL too, so where the last start recorded the
+context it made on those weights, the thread makes it right after them, and `Residency.open`
+takes it through `EARLY.context` when its configuration is the one asked for now (else it is
+freed and made anew). It is not warmed up there: the engine thread's first decode must be its own
+(OpenMP teams, kv/residency.py).
 
 A wrong guess costs a load on the idle core and the page cache, never the result: what is handed
 over is only what the host would have loaded itself. Loads that would not be quiet (a GPU build,
@@ -28,14 +35,14 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edge.dirs import cache_dir
 
 if TYPE_CHECKING:
-    from edge.runtime.llama.model import LlamaModel
+    from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
 
 log = logging.getLogger("edge.engine")
 
@@ -50,6 +57,7 @@ class Weights:
     path: str
     n_gpu_layers: int
     file_id: tuple[int, int, int, int]  # model.file_identity: replaced files never match
+    context: dict[str, Any] | None = None  # the ContextConfig made on them (asdict), if any
 
 
 def start_key(argv: Sequence[str], cwd: str, env: dict[str, str], exe: str = sys.executable) -> str:
@@ -79,6 +87,15 @@ def _load_weights(path: str, n_gpu_layers: int) -> LlamaModel:
     return LlamaModel(path, n_gpu_layers=n_gpu_layers, use_mmap=True)  # as Residency.open does
 
 
+ContextMaker = Callable[["LlamaModel", dict[str, Any]], "LlamaContext"]
+
+
+def _make_context(model: LlamaModel, config: dict[str, Any]) -> LlamaContext:
+    from edge.runtime.llama.model import ContextConfig, LlamaContext
+
+    return LlamaContext(model, ContextConfig(**config))
+
+
 def _quiet_here() -> bool:
     """Whether a mapped load on this build is quiet (loadlog.known_buffers), so it runs without
     the GIL and its placement does not wait for the memory plan."""
@@ -96,9 +113,11 @@ class EarlyWeights:
     """The early loads of one process: `begin`, then `open` for each load, then `finish`."""
 
     def __init__(self, root: Path | None = None, loader: Loader = _load_weights,
-                 quiet_here: Callable[[], bool] = _quiet_here) -> None:
+                 quiet_here: Callable[[], bool] = _quiet_here,
+                 contexts: ContextMaker = _make_context) -> None:
         self._root = root  # None: cache_dir()/starts, read when first needed
         self._loader = loader
+        self._contexts = contexts
         self._quiet_here = quiet_here
         self._lock = threading.Lock()
         self._loaded = threading.Condition(self._lock)  # notified as each early load ends
@@ -107,9 +126,12 @@ class EarlyWeights:
         self._early: dict[tuple[str, int], LlamaModel | BaseException] = {}
         self._thread: threading.Thread | None = None
         self._pending: set[tuple[str, int]] = set()  # early loads not ended yet
+        self._ctx: dict[int, tuple[dict[str, Any], LlamaContext | None]] = {}  # id(model) -> early context
+        self._ctx_pending: set[int] = set()  # id(model) of early weights whose context is being made
         self._seen: list[Weights] = []  # what this start loaded, recorded by finish()
         self._finished = False
         self.handed_over = 0  # early loads taken by open() (logs, tests)
+        self.contexts_handed_over = 0  # early contexts taken by context()
 
     @property
     def root(self) -> Path:
@@ -139,7 +161,22 @@ class EarlyWeights:
             with self._loaded:
                 self._early[(w.path, w.n_gpu_layers)] = got
                 self._pending.discard((w.path, w.n_gpu_layers))
+                make = w.context is not None and not isinstance(got, BaseException) and not self._finished
+                if make:
+                    self._ctx_pending.add(id(got))
                 self._loaded.notify_all()
+            if make:
+                self._early_context(got, w.context)  # type: ignore[arg-type]
+
+    def _early_context(self, model: LlamaModel, config: dict[str, Any]) -> None:
+        try:
+            ctx: LlamaContext | None = self._contexts(model, config)
+        except BaseException:  # context() makes it again and reports what fails
+            ctx = None
+        with self._loaded:
+            self._ctx[id(model)] = (config, ctx)
+            self._ctx_pending.discard(id(model))
+            self._loaded.notify_all()
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -161,8 +198,37 @@ class EarlyWeights:
                      "this command line loaded them)", Path(path).name)
             return got
         if got is not None and not isinstance(got, BaseException):
+            self._drop_context(got)
             got.close()  # the file changed under it
         return self._loader(path, n_gpu_layers)
+
+    def _drop_context(self, model: LlamaModel) -> None:
+        """Free the context made early on weights that are not handed over (before them)."""
+        with self._loaded:
+            self._loaded.wait_for(lambda: id(model) not in self._ctx_pending)
+            _, ctx = self._ctx.pop(id(model), (None, None))
+        if ctx is not None:
+            ctx.close()
+
+    def context(self, model: LlamaModel, config: ContextConfig) -> LlamaContext:
+        """The context `Residency.open` makes on `model`: the early one when it was made on these
+        very weights with this configuration (waiting for it only), else one made now."""
+        wanted = asdict(config)
+        with self._loaded:
+            if self._key is not None and not self._finished:
+                for i in range(len(self._seen) - 1, -1, -1):
+                    if self._seen[i].path == model.path:
+                        self._seen[i] = replace(self._seen[i], context=wanted)
+                        break
+            self._loaded.wait_for(lambda: id(model) not in self._ctx_pending)
+            made, ctx = self._ctx.pop(id(model), (None, None))
+        if ctx is not None and made == wanted:
+            self.contexts_handed_over += 1
+            log.info("context of %s made early, on its early weights", Path(model.path).name)
+            return ctx
+        if ctx is not None:
+            ctx.close()  # made for another configuration (the plan or a verdict changed)
+        return self._contexts(model, wanted)
 
     def finish(self) -> None:
         """The start's loads are done: close early loads nobody took, record what was loaded."""
@@ -170,7 +236,10 @@ class EarlyWeights:
         with self._lock:
             self._finished = True
             left, self._early = list(self._early.values()), {}
+            ctxs, self._ctx = [c for _, c in self._ctx.values() if c is not None], {}
             seen, key = list(self._seen), self._key
+        for ctx in ctxs:  # before the weights they were made on
+            ctx.close()
         for got in left:
             if not isinstance(got, BaseException):
                 got.close()
@@ -182,14 +251,15 @@ class EarlyWeights:
             data = json.loads((self.root / f"{key}.json").read_text())
             if data.get("version") != RECORD_VERSION:
                 return []
-            return [Weights(m["path"], int(m["n_gpu_layers"]), tuple(m["file_id"]))
+            return [Weights(m["path"], int(m["n_gpu_layers"]), tuple(m["file_id"]), m.get("context"))
                     for m in data["models"]]
         except (OSError, ValueError, KeyError, TypeError):
             return []  # none yet, or unreadable: this start records anew
 
     def _write(self, key: str, seen: list[Weights]) -> None:
         body = {"version": RECORD_VERSION, "models": [
-            {"path": w.path, "n_gpu_layers": w.n_gpu_layers, "file_id": list(w.file_id)} for w in seen]}
+            {"path": w.path, "n_gpu_layers": w.n_gpu_layers, "file_id": list(w.file_id), "context": w.context}
+            for w in seen]}
         path = self.root / f"{key}.json"
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
