@@ -107,3 +107,19 @@ def test_weights_loaded_anew_never_get_the_early_context(tmp_path: Path) -> None
     assert ctx.model is model and early.contexts_handed_over == 0
     early.finish()
     assert contexts.made[0].closed and not ctx.closed
+
+
+def test_an_open_that_fails_before_its_context_frees_the_early_one_before_the_weights(tmp_path: Path) -> None:
+    """Residency.open's failure path between the weights and the context (kv/residency.py):
+    `drop_context`, then the weights' close; a context freed after its weights would be a
+    use-after-free in llama.cpp (`_Ctx.close` asserts the order)."""
+    root, path = tmp_path / "starts", _model(tmp_path)
+    _start(root, path, _Contexts())
+    contexts = _Contexts()
+    early = _early(root, contexts)
+    early.begin(ARGV, "/srv", ENV)
+    model = early.open(path, 0)
+    early.drop_context(model)
+    model.close()
+    early.finish()
+    assert [c.closed for c in contexts.made] == [True]

@@ -145,6 +145,7 @@ class Residency:
                                                             self._flash_attn_at_open(n_threads), model.n_swa))
         except BaseException:
             if model is not kept:
+                EARLY.drop_context(model)  # one made early on these weights goes first
                 model.close()
             raise
         draft: DraftModel | None = None

@@ -198,12 +198,13 @@ class EarlyWeights:
                      "this command line loaded them)", Path(path).name)
             return got
         if got is not None and not isinstance(got, BaseException):
-            self._drop_context(got)
+            self.drop_context(got)
             got.close()  # the file changed under it
         return self._loader(path, n_gpu_layers)
 
-    def _drop_context(self, model: LlamaModel) -> None:
-        """Free the context made early on weights that are not handed over (before them)."""
+    def drop_context(self, model: LlamaModel) -> None:
+        """Free the context made early on `model`, if any: before weights that are not handed
+        over, or that a failed open closes before it asked for its context, are freed."""
         with self._loaded:
             self._loaded.wait_for(lambda: id(model) not in self._ctx_pending)
             _, ctx = self._ctx.pop(id(model), (None, None))
