@@ -32,11 +32,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge import __version__
-from edge.api import embeddings, ollama, ollama_models, openai, ops, page, responses
+from edge.api import openai, ops
 from edge.api.audit import AuditLog, AuditMiddleware
 from edge.api.errors import error_body, is_ollama_path, to_http
 from edge.api.health_probe import ProbeCollector
 from edge.api.host_metrics import HostCollector
+from edge.api.late_routes import LateRoutes, LateRoutesMiddleware, late_routes_of
 from edge.api.leases import LeaseMiddleware
 from edge.api.metrics import ApiMetrics
 from edge.api.middleware import (
@@ -47,9 +48,7 @@ from edge.api.middleware import (
     JsonOnlyMiddleware,
     RequestIdMiddleware,
 )
-from edge.api.ollama_schemas import ollama_components
 from edge.api.response_store import ResponseStore
-from edge.api.responses_schemas import RESPONSES_MODELS
 from edge.api.schemas import REQUEST_MODELS, openapi_components
 from edge.api.state import ApiState
 from edge.config import Settings
@@ -75,12 +74,14 @@ def create_app(
     clock: Callable[[], float] = time.perf_counter,
     model_path: Path | None = None,
     host: ModelHost | None = None,
+    late_routes: bool = False,
 ) -> FastAPI:
     """Build the app. `admission` defaults to the scheduler's, else one without heat or memory checks.
     With a model `host`, `engine` is the host (the one engine the scheduler and /ready see) and each
     request runs on the engine of the model it names (`ApiState.for_model`).
 
     `api_key` None means "use settings" (api_key or api_key_file); pass "" to force no key.
+    `late_routes`: the routers a first chat answer does not need come later (late_routes.py).
     """
     keys = _api_keys(settings, api_key)  # name -> key (several with a name:key key file)
     api_key = next(iter(keys.values()), "")
@@ -104,7 +105,7 @@ def create_app(
     if host is not None:
         metrics.registry.register(HostCollector(host))
     app.state.edge = st
-    _include_routes(app)
+    _include_routes(app, late_routes)
     _install_handlers(app)
     app.openapi = partial(_openapi, app, bool(api_key))  # type: ignore[method-assign]
     _add_middleware(app, settings, keys, metrics)
@@ -134,15 +135,19 @@ def _api_keys(settings: Settings, api_key: str | None) -> dict[str, str]:
     return held if api_key in held.values() else {"default": api_key}
 
 
-def _include_routes(app: FastAPI) -> None:
-    """Every route module; each reads its state from `app.state.edge`, none holds a global."""
+def _include_routes(app: FastAPI, late: bool) -> None:
+    """Every route module; each reads its state from `app.state.edge`, none holds a global. The
+    OpenAI routes and the probes now; the rest (LATE_ROUTERS: /v1/responses, /v1/embeddings, the
+    chat page at /, Ollama's /api/*) now too, or with `late` once the start is over or a request
+    needs them."""
     app.include_router(openai.router)
-    app.include_router(responses.router)  # /v1/responses
     app.include_router(ops.router)
-    app.include_router(embeddings.router)
-    app.include_router(page.router)  # GET /: the built-in chat page
-    app.include_router(ollama.router)  # Ollama's native API, /api/*
-    app.include_router(ollama_models.router)
+    routes = LateRoutes(app)
+    if late:
+        app.state.late_routes = routes
+        app.add_middleware(LateRoutesMiddleware, late=routes)  # innermost: just before routing
+    else:
+        routes.include()
 
 
 def _add_middleware(app: FastAPI, settings: Settings, keys: dict[str, str], metrics: ApiMetrics) -> None:
@@ -165,6 +170,12 @@ def _openapi(app: FastAPI, keyed: bool) -> dict[str, Any]:
     """FastAPI's document plus the request-body schemas the routes declare, errors and auth."""
     if app.openapi_schema is not None:
         return app.openapi_schema
+    from edge.api.ollama_schemas import ollama_components
+    from edge.api.responses_schemas import RESPONSES_MODELS
+
+    late = late_routes_of(app)
+    if late is not None:
+        late.include()  # the document describes every route
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
                       description="OpenAI-compatible and Ollama-native API of edge (on-device LLM runtime).")
     doc.setdefault("components", {}).setdefault("schemas", {}).update(

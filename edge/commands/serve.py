@@ -175,11 +175,11 @@ def run(args: argparse.Namespace) -> int:
 
     scheduler = None if args.no_scheduler else build_scheduler(settings, host)
     app = create_app(settings, host, scheduler, model_id=first.model_id, model_aliases=first.aliases,
-                     api_key=api_key or "", model_path=first.path, host=host)
+                     api_key=api_key or "", model_path=first.path, host=host, late_routes=True)
     # deployments/<UTC time>.json, what this start runs: written once the models named have loaded
     # (or failed to) and the first requests had the cores (a first start hashes each model file)
     preload.then(lambda: record_start(settings, [first.path]), after_s=RECORD_AFTER_S)
-    preload.then(_after_start)  # what the first token should not wait for
+    preload.then(lambda: _after_start(app))  # what the first token should not wait for
     return _serve(app, settings, preload, scheduler, agent_at, auth=bool(api_key),
                   verbose=bool(getattr(args, "verbose", False)), model_path=first.path)
 
@@ -187,13 +187,18 @@ def run(args: argparse.Namespace) -> int:
 RECORD_AFTER_S = 3.0  # the deployment record waits this long after the load
 
 
-def _after_start() -> None:
-    """Once the start's loads and first requests are done: numpy for greedy sampling (a chain
-    samples until then: runtime.llama.sampling.import_numpy), and the garbage collector that
-    cli.main paused for the start (edge.gcpause)."""
+def _after_start(app: Any) -> None:
+    """Once the start's loads and first requests are done: the routes a first chat answer does
+    not need (api.late_routes; a request for one includes them sooner), numpy for greedy sampling
+    (a chain samples until then: runtime.llama.sampling.import_numpy), and the garbage collector
+    that cli.main paused for the start (edge.gcpause)."""
+    from edge.api.late_routes import late_routes_of
     from edge.gcpause import START
     from edge.runtime.llama.sampling import import_numpy
 
+    late = late_routes_of(app)
+    if late is not None:
+        late.include()
     import_numpy()
     found = START.settle()
     if found:
