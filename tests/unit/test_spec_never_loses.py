@@ -137,11 +137,7 @@ def run(answers: list[tuple[list[int], list[int]]], cost: Cost, mode: str, *,
 
 
 def pairs(rng: random.Random, streams: int, follow: float, n: int = 240) -> list[tuple[list[int], list[int]]]:
-    out = []
-    for _ in range(streams):
-        text = free_text(rng, 64 + n, follow)
-        out.append((text[:64], text[64:]))
-    return out
+    return mixed(rng, (follow,) * streams, n)
 
 
 def copies(rng: random.Random, streams: int, n: int = 240) -> list[tuple[list[int], list[int]]]:

@@ -202,12 +202,16 @@ class EarlyWeights:
             got.close()  # the file changed under it
         return self._loader(path, n_gpu_layers)
 
+    def _take_context(self, model: LlamaModel) -> tuple[dict[str, Any] | None, LlamaContext | None]:
+        """(its configuration, the context) made early on `model`, once it is made; (None, None)."""
+        with self._loaded:
+            self._loaded.wait_for(lambda: id(model) not in self._ctx_pending)
+            return self._ctx.pop(id(model), (None, None))
+
     def drop_context(self, model: LlamaModel) -> None:
         """Free the context made early on `model`, if any: before weights that are not handed
         over, or that a failed open closes before it asked for its context, are freed."""
-        with self._loaded:
-            self._loaded.wait_for(lambda: id(model) not in self._ctx_pending)
-            _, ctx = self._ctx.pop(id(model), (None, None))
+        _, ctx = self._take_context(model)
         if ctx is not None:
             ctx.close()
 
@@ -221,8 +225,7 @@ class EarlyWeights:
                     if self._seen[i].path == model.path:
                         self._seen[i] = replace(self._seen[i], context=wanted)
                         break
-            self._loaded.wait_for(lambda: id(model) not in self._ctx_pending)
-            made, ctx = self._ctx.pop(id(model), (None, None))
+        made, ctx = self._take_context(model)
         if ctx is not None and made == wanted:
             self.contexts_handed_over += 1
             log.info("context of %s made early, on its early weights", Path(model.path).name)

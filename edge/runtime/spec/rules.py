@@ -290,11 +290,10 @@ def expected_tokens(rate: float, d: int) -> float:
 def choose_drafts(asks: Sequence[DraftAsk], base_tokens: int, cost: StepCost,
                   draft_token_s: float = 0.0, n_seqs: int = 0) -> dict[int, int]:
     """Draft length per sequence (only those > 0) maximising the product of the step's
-    sequences' expected tokens per second.
-
-    `asks` are the decoding sequences that could draft; `base_tokens` is what the step holds
-    anyway (one token per decoding sequence plus prompt chunks); `n_seqs` how many sequences
-    the step holds (at least the asks): each waits for the drafted rows. The product
+    sequences' expected tokens per second. `asks` are the decoding sequences that could draft;
+    `base_tokens` is what the step holds anyway (one token per decoding sequence plus prompt
+    chunks); `n_seqs` how many sequences it holds (at least the asks): each waits for the
+    drafted rows. The product
     (proportional fairness), not the sum: a draft that makes the step 20 % dearer must speed its
     own sequence by more than 20 % for each other one. The sum let three sequences whose text
     repeats draft long beside one whose text does not, which then ran on alone at one-sequence
@@ -325,25 +324,26 @@ def choose_drafts(asks: Sequence[DraftAsk], base_tokens: int, cost: StepCost,
     drafted = n - base_tokens
     n_wait = max(n_seqs, len(asks))
     margin = n_wait * math.log(GAIN_MARGIN)
+    log_got = sum(math.log(e) for e in got.values())  # log of the product of expected tokens
 
-    def score(n_batch: int, n_drafted: int) -> float:
-        """log of the product of the sequences' expected tokens per second."""
-        step_s = cost.cost(n_batch) + draft_token_s * n_drafted
-        return sum(math.log(e) for e in got.values()) - n_wait * math.log(step_s)
+    def log_step(n_batch: int, n_drafted: int) -> float:  # every sequence waits for the step
+        return n_wait * math.log(cost.cost(n_batch) + draft_token_s * n_drafted)
 
-    def factor(a: DraftAsk) -> float:
-        return 1.0 + a.rate ** (out.get(a.seq_id, 0) + 1) / got[a.seq_id]
+    def gain(a: DraftAsk) -> float:  # expected tokens one more drafted token adds to `a`
+        return a.rate ** (out.get(a.seq_id, 0) + 1)
 
-    best, best_out = score(n, drafted), dict(out)
+    best, best_out = log_got - log_step(n, drafted), dict(out)
     while free:
-        top = max(free, key=factor)
-        got[top.seq_id] += top.rate ** (out.get(top.seq_id, 0) + 1)
+        top = max(free, key=lambda a: gain(a) / got[a.seq_id])
+        more = gain(top)
+        log_got += math.log1p(more / got[top.seq_id])
+        got[top.seq_id] += more
         out[top.seq_id] = out.get(top.seq_id, 0) + 1
         n += 1
         drafted += 1
         if out[top.seq_id] >= top.available:
             free.remove(top)
-        now = score(n, drafted)
+        now = log_got - log_step(n, drafted)
         if now >= best + margin:
             best, best_out = now, dict(out)
     return best_out
