@@ -176,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     scheduler = None if args.no_scheduler else build_scheduler(settings, host)
     app = create_app(settings, host, scheduler, model_id=first.model_id, model_aliases=first.aliases,
                      api_key=api_key or "", model_path=first.path, host=host, late_routes=True)
+    EARLY.hurry()  # the API is imported: the chat head's priming stops after its chunk (llama/prime.py)
     # deployments/<UTC time>.json, what this start runs: written once the models named have loaded
     # (or failed to) and the first requests had the cores (a first start hashes each model file)
     preload.then(lambda: record_start(settings, [first.path]), after_s=RECORD_AFTER_S)

@@ -17,6 +17,7 @@ from edge.runtime.kv.residency import LoadSpec
 from edge.runtime.llama.probe_cache import ProbeCache, probe_key
 from edge.runtime.spec import calibration
 from edge.runtime.spec.state import Speculation
+from edge.runtime.step.slots import Slot
 
 CURVE = {1: 0.010, 2: 0.011, 3: 0.013, 4: 0.012}
 
@@ -27,8 +28,14 @@ class _Batch:
 
 
 @dataclass
+class _Ctx:
+    primed: tuple[int, ...] = ()
+
+
+@dataclass
 class _Live:
     model: object = "weights"
+    ctx: _Ctx = field(default_factory=_Ctx)
     batch: _Batch = field(default_factory=_Batch)
     n_ctx_seq: int = 1024
 
@@ -70,6 +77,7 @@ class FakeLoop:
         self.spec = Speculation("ngram", k)
         self.replaced = 0
         self.published = 0
+        self.slots = [Slot(0), Slot(1)]
 
     def context_replaced(self) -> None:
         self.replaced += 1
@@ -310,3 +318,23 @@ def test_the_engine_thread_is_ready_first_and_a_request_at_ready_finds_no_probe_
     finally:
         box.ask_stop()
         thread.join(10.0)
+
+
+def test_the_chat_head_primed_before_the_engine_had_the_context_is_slot_0s_prompt_cache(
+        tmp_path: Path) -> None:
+    st, res, loop, _ = _startup(tmp_path, _model(tmp_path))
+    ctx = res.live.ctx
+    ctx.primed = (1, 7, 7, 9, 4)  # what llama/prime.py left in sequence 0
+    st.before_ready()
+    assert res.warmed == 1 and loop.slots[0].tokens == [1, 7, 7, 9, 4] and loop.slots[1].tokens == []
+    assert ctx.primed == ()  # the slot owns those cells now: a second start-up adopts nothing
+    loop.slots[0].tokens.clear()
+    st.before_ready()
+    assert loop.slots[0].tokens == []
+
+
+def test_nothing_primed_leaves_every_slot_empty(tmp_path: Path) -> None:
+    st, res, loop, _ = _startup(tmp_path, _model(tmp_path))
+    res.loaded = False  # e.g. loaded lazily: no context yet
+    st.before_ready()
+    assert all(s.tokens == [] for s in loop.slots)

@@ -35,6 +35,7 @@ class FakeCtx:
     restore_ok: bool = True
     state_size: int = 100
     sized: int = 0  # seq_state_size calls
+    primed: tuple[int, ...] = ()  # sequence 0's tokens from before the engine (llama/prime.py)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         self.removed.append((seq_id, p0, p1))

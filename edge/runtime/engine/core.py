@@ -205,11 +205,7 @@ class Engine:
         template = self.residency.template
         assert template is not None
         extra = {**(template_kwargs or {}), **({"tools": tools} if tools is not None else {})}
-        text = template.render(messages, add_generation_prompt, **extra)
-        bos = template.bos_token
-        if model.add_bos and bos and not text.startswith(bos):
-            text = bos + text
-        return text
+        return template.prompt(messages, model.add_bos, add_generation_prompt, **extra)
 
     # --- requests ----------------------------------------------------------
 

@@ -109,6 +109,7 @@ class Startup:
         """Warm up, take what earlier starts measured, queue the rest for idle turns (never
         raises: none of it is needed to serve)."""
         self.res.warm_up()  # on the engine thread: see Residency.open
+        self._adopt_primed()
         self.ready_s = self.clock.monotonic()
         try:
             if self.res.attention_owed():
@@ -119,6 +120,15 @@ class Startup:
         except Exception as exc:  # e.g. the model file gone since the load: no head start
             log.warning("cached probe answers not read: %s", exc)
         self.idle.add("vocabulary-only model", self.res.vocab_steps)  # what an unload keeps
+
+    def _adopt_primed(self) -> None:
+        """The chat template's head, decoded into sequence 0 before the engine had the context
+        (llama/prime.py), becomes slot 0's prompt cache: the first chat reuses it."""
+        ctx = self.res.live.ctx if self.res.loaded else None
+        if ctx is not None and ctx.primed:
+            self.loop.slots[0].tokens[:] = ctx.primed
+            log.info("chat template's first %d tokens evaluated during the start", len(ctx.primed))
+            ctx.primed = ()
 
     def grace_left_s(self, last_work_s: float) -> float:
         """Seconds until idle work may run, counted from ready or the last work, whichever is later."""

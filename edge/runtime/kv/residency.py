@@ -262,6 +262,8 @@ class Residency:
         if self.template is None:
             self.template = load_template(self._template_override or model.chat_template(),
                                           model.token_text(model.bos_id), model.token_text(model.eos_id))
+        if EARLY.recording:  # what the next start primes (llama/prime.py): a draft would miss it
+            EARLY.note_head(model, self.template if self.spec_blocker is None and draft is None else None)
         self.batch = Batch(ctx.n_batch)
         self._live = Live(model, ctx, self.batch, self.n_ctx, draft, self.spec_blocker is None)
 

@@ -17,7 +17,11 @@ it clearing the cache's memory) is C without the GIL too, so where the last star
 context it made on those weights, the thread makes it right after them, and `Residency.open`
 takes it through `EARLY.context` when its configuration is the one asked for now (else it is
 freed and made anew). It is not warmed up there: the engine thread's first decode must be its own
-(OpenMP teams, kv/residency.py).
+(OpenMP teams, kv/residency.py). Where the record holds the chat template's head (the tokens
+every chat without a system message starts with), the thread then decodes them into the context
+with one thread (prime.py) until serve calls `hurry`, and the first chat finds them cached. The
+context is handed over before that: the engine's open goes on, and only its first decode (the
+warm-up) waits for the priming (`LlamaContext.hold`).
 
 A wrong guess costs a load on the idle core and the page cache, never the result: what is handed
 over is only what the host would have loaded itself. Loads that would not be quiet (a GPU build,
@@ -43,6 +47,7 @@ from edge.dirs import cache_dir
 
 if TYPE_CHECKING:
     from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
+    from edge.runtime.text.chat_template import ChatTemplate
 
 log = logging.getLogger("edge.engine")
 
@@ -58,6 +63,7 @@ class Weights:
     n_gpu_layers: int
     file_id: tuple[int, int, int, int]  # model.file_identity: replaced files never match
     context: dict[str, Any] | None = None  # the ContextConfig made on them (asdict), if any
+    head: tuple[int, ...] = ()  # the chat template's head, primed into that context (prime.py)
 
 
 def start_key(argv: Sequence[str], cwd: str, env: dict[str, str], exe: str = sys.executable) -> str:
@@ -88,12 +94,19 @@ def _load_weights(path: str, n_gpu_layers: int) -> LlamaModel:
 
 
 ContextMaker = Callable[["LlamaModel", dict[str, Any]], "LlamaContext"]
+Primer = Callable[["LlamaContext", tuple[int, ...], threading.Event], object]
 
 
 def _make_context(model: LlamaModel, config: dict[str, Any]) -> LlamaContext:
     from edge.runtime.llama.model import ContextConfig, LlamaContext
 
     return LlamaContext(model, ContextConfig(**config))
+
+
+def _prime(ctx: LlamaContext, head: tuple[int, ...], stop: threading.Event) -> object:
+    from edge.runtime.llama.prime import prime
+
+    return prime(ctx, head, stop)
 
 
 def _quiet_here() -> bool:
@@ -114,10 +127,12 @@ class EarlyWeights:
 
     def __init__(self, root: Path | None = None, loader: Loader = _load_weights,
                  quiet_here: Callable[[], bool] = _quiet_here,
-                 contexts: ContextMaker = _make_context) -> None:
+                 contexts: ContextMaker = _make_context, primer: Primer = _prime) -> None:
         self._root = root  # None: cache_dir()/starts, read when first needed
         self._loader = loader
         self._contexts = contexts
+        self._primer = primer
+        self._hurry = threading.Event()  # set by serve once its imports are done: priming stops
         self._quiet_here = quiet_here
         self._lock = threading.Lock()
         self._loaded = threading.Condition(self._lock)  # notified as each early load ends
@@ -166,17 +181,49 @@ class EarlyWeights:
                     self._ctx_pending.add(id(got))
                 self._loaded.notify_all()
             if make:
-                self._early_context(got, w.context)  # type: ignore[arg-type]
+                self._early_context(got, w.context, w.head)  # type: ignore[arg-type]
 
-    def _early_context(self, model: LlamaModel, config: dict[str, Any]) -> None:
+    def _early_context(self, model: LlamaModel, config: dict[str, Any], head: tuple[int, ...]) -> None:
         try:
             ctx: LlamaContext | None = self._contexts(model, config)
         except BaseException:  # context() makes it again and reports what fails
             ctx = None
+        priming = ctx is not None and bool(head)
+        if priming:
+            ctx.hold()  # handed over at once; its first decode elsewhere waits for the priming
         with self._loaded:
             self._ctx[id(model)] = (config, ctx)
             self._ctx_pending.discard(id(model))
             self._loaded.notify_all()
+        if priming:
+            try:
+                self._primer(ctx, head, self._hurry)  # type: ignore[arg-type]
+            except BaseException as exc:  # a head start lost, nothing else: an empty context
+                log.debug("chat head not primed: %s", exc)
+                ctx.clear()  # type: ignore[union-attr]
+            finally:
+                ctx.release()  # type: ignore[union-attr]
+
+    def hurry(self) -> None:
+        """The server is about to listen: priming stops after its current (or first) chunk."""
+        self._hurry.set()
+
+    @property
+    def recording(self) -> bool:
+        """Whether this start's loads are still being recorded (`note_head` is heard)."""
+        return self._key is not None and not self._finished
+
+    def note_head(self, model: LlamaModel, template: ChatTemplate | None) -> None:
+        """Record the head of `model`'s chat `template` (prime.chat_head; None: nothing to prime)
+        for the next start."""
+        from edge.runtime.llama.prime import chat_head
+
+        head = () if template is None else chat_head(template, model)
+        with self._lock:
+            for i in range(len(self._seen) - 1, -1, -1):
+                if self._seen[i].path == model.path and not self._finished:
+                    self._seen[i] = replace(self._seen[i], head=tuple(head))
+                    break
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -255,15 +302,16 @@ class EarlyWeights:
             data = json.loads((self.root / f"{key}.json").read_text())
             if data.get("version") != RECORD_VERSION:
                 return []
-            return [Weights(m["path"], int(m["n_gpu_layers"]), tuple(m["file_id"]), m.get("context"))
+            return [Weights(m["path"], int(m["n_gpu_layers"]), tuple(m["file_id"]), m.get("context"),
+                            tuple(int(t) for t in m.get("head", ())))
                     for m in data["models"]]
         except (OSError, ValueError, KeyError, TypeError):
             return []  # none yet, or unreadable: this start records anew
 
     def _write(self, key: str, seen: list[Weights]) -> None:
         body = {"version": RECORD_VERSION, "models": [
-            {"path": w.path, "n_gpu_layers": w.n_gpu_layers, "file_id": list(w.file_id), "context": w.context}
-            for w in seen]}
+            {"path": w.path, "n_gpu_layers": w.n_gpu_layers, "file_id": list(w.file_id), "context": w.context,
+             "head": list(w.head)} for w in seen]}
         path = self.root / f"{key}.json"
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:

@@ -266,18 +266,38 @@ class LlamaContext:
         self.n_ctx_seq: int = llama_cpp.llama_n_ctx_seq(ptr)
         self.n_batch: int = llama_cpp.llama_n_batch(ptr)
         self.n_seq_max: int = llama_cpp.llama_n_seq_max(ptr)
+        self.primed: tuple[int, ...] = ()  # what sequence 0 holds from position 0 (llama/prime.py)
+        self._held: threading.Event | None = None  # set once another thread's decodes into it end
         self._closed = False
+
+    def hold(self) -> None:
+        """Another thread decodes into this context first (llama/prime.py): `warm_up` and `close`
+        wait for its `release`, so the engine may take the context meanwhile."""
+        self._held = threading.Event()
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.set()
+
+    def _wait_held(self) -> None:
+        held = self._held
+        if held is not None:
+            held.wait()
+            self._held = None
 
     def warm_up(self, model: LlamaModel) -> None:
         """Decode BOS+EOS once and forget it, as llama.cpp's common init and server do: the
         first real request then does not pay for first-touch page faults of the weights, the
-        OpenMP thread pool start and one-time backend allocations."""
+        OpenMP thread pool start and one-time backend allocations. Tokens primed into sequence 0
+        stay: the warm-up decodes after them and removes only its own."""
+        self._wait_held()
         toks = [t for t in (model.bos_id, model.eos_id) if 0 <= t < model.n_vocab] or [0]
         from edge.runtime.llama.batch import Batch
 
         batch = Batch(len(toks))
+        n_kept = len(self.primed)
         try:
-            batch.add_prompt(0, toks, 0, logits_last=True)
+            batch.add_prompt(0, toks, n_kept, logits_last=True)
             llama_cpp.llama_set_warmup(self.ptr, True)
             rc = batch.decode(self.ptr)
             if rc != 0:
@@ -286,7 +306,8 @@ class LlamaContext:
             llama_cpp.llama_set_warmup(self.ptr, False)
             batch.free()
         llama_cpp.llama_synchronize(self.ptr)
-        self.clear()
+        if not n_kept or not self.seq_rm(0, n_kept, -1):
+            self.clear()
 
     def synchronize(self) -> None:
         """Wait for the backend to finish this context's work (timings end here)."""
@@ -341,8 +362,10 @@ class LlamaContext:
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)
+        self.primed = ()
 
     def close(self) -> None:
         if not self._closed:
+            self._wait_held()
             self._closed = True
             llama_cpp.llama_free(self.ptr)

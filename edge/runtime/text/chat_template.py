@@ -284,6 +284,15 @@ class ChatTemplate:
             raise TemplateError(f"rendered prompt exceeds {MAX_RENDER_CHARS} characters")
         return text
 
+    def prompt(self, messages: list[dict[str, Any]], add_bos: bool, add_generation_prompt: bool = True,
+               **extra: Any) -> str:
+        """`render`, starting with the BOS text exactly when the model wants a BOS (`add_bos`):
+        tokenize it without adding one (a double BOS is removed anyway)."""
+        text = self.render(messages, add_generation_prompt, **extra)
+        if add_bos and self.bos_token and not text.startswith(self.bos_token):
+            text = self.bos_token + text
+        return text
+
 
 def _validate_messages(messages: list[dict[str, Any]]) -> None:
     if not isinstance(messages, list) or not messages:

@@ -1,0 +1,156 @@
+"""The chat template's head primed on the early thread (runtime/llama/early.py, prime.py): a start
+records the head of the template it served, the next start with that command line decodes it
+into the early context after handing the context over, and its first decode elsewhere waits."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge.runtime.llama import prime as prime_mod
+from edge.runtime.llama.early import EarlyWeights
+from tests.unit.test_early_context import CFG
+from tests.unit.test_early_weights import ARGV, ENV, _Loader, _model
+
+HEAD = (1, 30, 31, 32, 9, 10, 11, 12, 13)
+
+
+class _Ctx:
+    """A context as LlamaContext holds one for another thread: `close` waits for `release`."""
+
+    def __init__(self, model: Any, config: dict[str, Any]) -> None:
+        self.model, self.config = model, config
+        self.primed: tuple[int, ...] = ()
+        self.held: threading.Event | None = None
+        self.closed = self.cleared = False
+
+    def hold(self) -> None:
+        self.held = threading.Event()
+
+    def release(self) -> None:
+        assert self.held is not None
+        self.held.set()
+
+    def clear(self) -> None:
+        self.cleared, self.primed = True, ()
+
+    def close(self) -> None:
+        assert self.held is None or self.held.wait(10), "freed while another thread decodes into it"
+        assert not self.model.closed, "a context must be freed before its weights"
+        self.closed = True
+
+
+class _Primer:
+    """Decodes nothing: records what it was asked, waits for `gate` when given, may fail."""
+
+    def __init__(self, gate: threading.Event | None = None, fail: bool = False) -> None:
+        self.gate, self.fail = gate, fail
+        self.calls: list[tuple[tuple[int, ...], str, threading.Event]] = []
+        self.done = threading.Event()
+
+    def __call__(self, ctx: _Ctx, head: tuple[int, ...], stop: threading.Event) -> None:
+        self.calls.append((head, threading.current_thread().name, stop))
+        try:
+            if self.gate is not None:
+                assert self.gate.wait(10)
+            if self.fail:
+                raise RuntimeError("decode failed")
+            ctx.primed = head if not stop.is_set() else head[:prime_mod.CHUNK_TOKENS]
+        finally:
+            self.done.set()
+
+
+def _early(root: Path, primer: _Primer) -> EarlyWeights:
+    return EarlyWeights(root, _Loader(), quiet_here=lambda: True,  # type: ignore[arg-type]
+                        contexts=_Ctx, primer=primer)  # type: ignore[arg-type]
+
+
+def _recorded_start(root: Path, path: str, monkeypatch: pytest.MonkeyPatch,
+                    head: tuple[int, ...] = HEAD) -> None:
+    """A first start: loads, makes its context and notes the template's head (Residency.install)."""
+    monkeypatch.setattr(prime_mod, "chat_head", lambda template, model: head)
+    early = _early(root, _Primer())
+    early.begin(ARGV, "/srv", ENV)
+    model = early.open(path, 0)
+    early.context(model, CFG)
+    assert early.recording
+    early.note_head(model, template=object())  # type: ignore[arg-type]
+    early.finish()
+    assert not early.recording
+
+
+def test_the_head_is_recorded_and_primed_by_the_next_start_on_the_early_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, path = tmp_path / "starts", _model(tmp_path)
+    _recorded_start(root, path, monkeypatch)
+    (record,) = root.glob("*.json")
+    assert json.loads(record.read_text())["models"][0]["head"] == list(HEAD)
+    primer = _Primer()
+    early = _early(root, primer)
+    early.begin(ARGV, "/srv", ENV)
+    ctx = early.context(early.open(path, 0), CFG)
+    assert primer.done.wait(10)
+    assert [(h, t) for h, t, _ in primer.calls] == [(HEAD, "edge-early-load")]
+    assert ctx.primed == HEAD and ctx.held is not None and ctx.held.is_set()
+    early.finish()
+
+
+def test_the_context_is_handed_over_while_it_is_primed_and_hurry_cuts_the_priming_short(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, path = tmp_path / "starts", _model(tmp_path)
+    _recorded_start(root, path, monkeypatch)
+    gate = threading.Event()
+    primer = _Primer(gate)
+    early = _early(root, primer)
+    early.begin(ARGV, "/srv", ENV)
+    ctx = early.context(early.open(path, 0), CFG)  # handed over with the primer still at work
+    assert ctx.held is not None and not ctx.held.is_set() and not primer.done.is_set()
+    early.hurry()  # serve's API is imported
+    gate.set()
+    assert ctx.held.wait(10) and ctx.primed == HEAD[:prime_mod.CHUNK_TOKENS]
+    assert primer.calls[0][2].is_set()
+    early.finish()
+
+
+def test_a_priming_that_fails_leaves_an_empty_context_that_still_serves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, path = tmp_path / "starts", _model(tmp_path)
+    _recorded_start(root, path, monkeypatch)
+    early = _early(root, _Primer(fail=True))
+    early.begin(ARGV, "/srv", ENV)
+    ctx = early.context(early.open(path, 0), CFG)
+    assert ctx.held is not None and ctx.held.wait(10)
+    assert ctx.cleared and ctx.primed == () and early.contexts_handed_over == 1
+    early.finish()
+
+
+def test_an_early_context_freed_unused_waits_for_its_priming(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, path = tmp_path / "starts", _model(tmp_path)
+    _recorded_start(root, path, monkeypatch)
+    gate = threading.Event()
+    primer = _Primer(gate)
+    early = _early(root, primer)
+    early.begin(ARGV, "/srv", ENV)
+    model = early.open(path, 0)
+    threading.Timer(0.05, gate.set).start()  # the priming ends while drop_context waits
+    early.drop_context(model)  # _Ctx.close asserts that the priming had ended
+    model.close()
+    early.finish()
+    assert primer.done.is_set()
+
+
+def test_no_head_no_priming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template without a shared head (or a model with a draft: Residency.install passes None)."""
+    root, path = tmp_path / "starts", _model(tmp_path)
+    _recorded_start(root, path, monkeypatch, head=())
+    primer = _Primer()
+    early = _early(root, primer)
+    early.begin(ARGV, "/srv", ENV)
+    ctx = early.context(early.open(path, 0), CFG)
+    early.finish()
+    assert primer.calls == [] and ctx.held is None and ctx.primed == ()
