@@ -154,3 +154,31 @@ def test_no_head_no_priming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     ctx = early.context(early.open(path, 0), CFG)
     early.finish()
     assert primer.calls == [] and ctx.held is None and ctx.primed == ()
+
+
+def test_every_early_load_comes_before_any_priming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two models named at start: the second one's weights do not wait for the first one's head."""
+    root, paths = tmp_path / "starts", [_model(tmp_path, "a.gguf"), _model(tmp_path, "b.gguf")]
+    monkeypatch.setattr(prime_mod, "chat_head", lambda template, model: HEAD)
+    order: list[str] = []
+    loader = _Loader()
+
+    def load(path: str, n_gpu_layers: int) -> Any:
+        order.append(f"load {Path(path).name}")
+        return loader(path, n_gpu_layers)
+
+    class Primer(_Primer):
+        def __call__(self, ctx: _Ctx, head: tuple[int, ...], stop: threading.Event) -> None:
+            order.append(f"prime {Path(ctx.model.path).name}")
+            super().__call__(ctx, head, stop)
+
+    for primer in (_Primer(), Primer()):
+        early = EarlyWeights(root, load, quiet_here=lambda: True, contexts=_Ctx,  # type: ignore[arg-type]
+                             primer=primer)  # type: ignore[arg-type]
+        early.begin(ARGV, "/srv", ENV)
+        for path in paths:
+            model = early.open(path, 0)
+            early.context(model, CFG)
+            early.note_head(model, template=object())  # type: ignore[arg-type]
+        early.finish()
+    assert order[-4:] == ["load a.gguf", "load b.gguf", "prime a.gguf", "prime b.gguf"]

@@ -19,9 +19,9 @@ takes it through `EARLY.context` when its configuration is the one asked for now
 freed and made anew). It is not warmed up there: the engine thread's first decode must be its own
 (OpenMP teams, kv/residency.py). Where the record holds the chat template's head (the tokens
 every chat without a system message starts with), the thread then decodes them into the context
-with one thread (prime.py) until serve calls `hurry`, and the first chat finds them cached. The
-context is handed over before that: the engine's open goes on, and only its first decode (the
-warm-up) waits for the priming (`LlamaContext.hold`).
+with one thread (prime.py), once every early load is done, until serve calls `hurry`; the first
+chat finds them cached. The context is handed over before that: the engine's open goes on, and
+only its first decode (the warm-up) waits for the priming (`LlamaContext.hold`).
 
 A wrong guess costs a load on the idle core and the page cache, never the result: what is handed
 over is only what the host would have loaded itself. Loads that would not be quiet (a GPU build,
@@ -168,6 +168,7 @@ class EarlyWeights:
         return len(todo)
 
     def _run(self, todo: list[Weights]) -> None:
+        primes: list[tuple[LlamaContext, tuple[int, ...]]] = []  # after every load: none waits
         for w in todo:
             try:
                 got: LlamaModel | BaseException = self._loader(w.path, w.n_gpu_layers)
@@ -181,28 +182,34 @@ class EarlyWeights:
                     self._ctx_pending.add(id(got))
                 self._loaded.notify_all()
             if make:
-                self._early_context(got, w.context, w.head)  # type: ignore[arg-type]
+                ctx = self._early_context(got, w.context, bool(w.head))  # type: ignore[arg-type]
+                if ctx is not None:
+                    primes.append((ctx, w.head))
+        for ctx, head in primes:
+            self._prime(ctx, head)
 
-    def _early_context(self, model: LlamaModel, config: dict[str, Any], head: tuple[int, ...]) -> None:
+    def _early_context(self, model: LlamaModel, config: dict[str, Any], hold: bool) -> LlamaContext | None:
+        """Make the context and hand it over; held (returned) for a priming still to come."""
         try:
             ctx: LlamaContext | None = self._contexts(model, config)
         except BaseException:  # context() makes it again and reports what fails
             ctx = None
-        priming = ctx is not None and bool(head)
-        if priming:
-            ctx.hold()  # handed over at once; its first decode elsewhere waits for the priming
+        if ctx is not None and hold:
+            ctx.hold()  # its first decode elsewhere waits for the priming
         with self._loaded:
             self._ctx[id(model)] = (config, ctx)
             self._ctx_pending.discard(id(model))
             self._loaded.notify_all()
-        if priming:
-            try:
-                self._primer(ctx, head, self._hurry)  # type: ignore[arg-type]
-            except BaseException as exc:  # a head start lost, nothing else: an empty context
-                log.debug("chat head not primed: %s", exc)
-                ctx.clear()  # type: ignore[union-attr]
-            finally:
-                ctx.release()  # type: ignore[union-attr]
+        return ctx if hold else None
+
+    def _prime(self, ctx: LlamaContext, head: tuple[int, ...]) -> None:
+        try:
+            self._primer(ctx, head, self._hurry)
+        except BaseException as exc:  # a head start lost, nothing else: an empty context
+            log.debug("chat head not primed: %s", exc)
+            ctx.clear()
+        finally:
+            ctx.release()
 
     def hurry(self) -> None:
         """The server is about to listen: priming stops after its current (or first) chunk."""
