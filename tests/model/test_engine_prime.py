@@ -78,3 +78,27 @@ def test_a_stop_ends_the_priming_after_its_first_chunk(smollm2_path: Path) -> No
     finally:
         ctx.close()
         model.close()
+
+
+def test_the_engine_may_take_the_context_while_another_thread_primes_it(smollm2_path: Path) -> None:
+    """As early.py hands it over: held, primed on another thread, released; the warm-up waits."""
+    model = LlamaModel(str(smollm2_path), n_gpu_layers=0)
+    head = chat_head(_template(model), model)
+    ctx = LlamaContext(model, CFG)
+    try:
+        ctx.hold()
+
+        def primer() -> None:
+            try:
+                prime(ctx, head)
+            finally:
+                ctx.release()
+
+        thread = threading.Thread(target=primer)
+        thread.start()
+        ctx.warm_up(model)  # the engine thread's first decode: after the whole head
+        thread.join()
+        assert ctx.primed == head and ctx.seq_pos_max(0) == len(head) - 1
+    finally:
+        ctx.close()
+        model.close()

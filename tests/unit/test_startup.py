@@ -30,6 +30,10 @@ class _Batch:
 @dataclass
 class _Ctx:
     primed: tuple[int, ...] = ()
+    settled: int = 0
+
+    def settle(self) -> None:
+        self.settled += 1
 
 
 @dataclass
@@ -327,6 +331,7 @@ def test_the_chat_head_primed_before_the_engine_had_the_context_is_slot_0s_promp
     ctx.primed = (1, 7, 7, 9, 4)  # what llama/prime.py left in sequence 0
     st.before_ready()
     assert res.warmed == 1 and loop.slots[0].tokens == [1, 7, 7, 9, 4] and loop.slots[1].tokens == []
+    assert ctx.settled == 1  # waited for the early thread's priming before reading it
     assert ctx.primed == ()  # the slot owns those cells now: a second start-up adopts nothing
     loop.slots[0].tokens.clear()
     st.before_ready()

@@ -37,6 +37,9 @@ class FakeCtx:
     sized: int = 0  # seq_state_size calls
     primed: tuple[int, ...] = ()  # sequence 0's tokens from before the engine (llama/prime.py)
 
+    def settle(self) -> None:
+        """No other thread decodes into a fake context."""
+
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         self.removed.append((seq_id, p0, p1))
         return True

@@ -271,15 +271,17 @@ class LlamaContext:
         self._closed = False
 
     def hold(self) -> None:
-        """Another thread decodes into this context first (llama/prime.py): `warm_up` and `close`
-        wait for its `release`, so the engine may take the context meanwhile."""
+        """Another thread decodes into this context first (llama/prime.py): `settle` (the engine,
+        before its first decode), `warm_up` and `close` wait for its `release`, so the engine may
+        take the context meanwhile."""
         self._held = threading.Event()
 
     def release(self) -> None:
         if self._held is not None:
             self._held.set()
 
-    def _wait_held(self) -> None:
+    def settle(self) -> None:
+        """Wait until no other thread decodes into this context (`hold`)."""
         held = self._held
         if held is not None:
             held.wait()
@@ -290,7 +292,7 @@ class LlamaContext:
         first real request then does not pay for first-touch page faults of the weights, the
         OpenMP thread pool start and one-time backend allocations. Tokens primed into sequence 0
         stay: the warm-up decodes after them and removes only its own."""
-        self._wait_held()
+        self.settle()
         toks = [t for t in (model.bos_id, model.eos_id) if 0 <= t < model.n_vocab] or [0]
         from edge.runtime.llama.batch import Batch
 
@@ -366,6 +368,6 @@ class LlamaContext:
 
     def close(self) -> None:
         if not self._closed:
-            self._wait_held()
+            self.settle()
             self._closed = True
             llama_cpp.llama_free(self.ptr)
