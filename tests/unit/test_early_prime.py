@@ -69,6 +69,16 @@ def _early(root: Path, primer: _Primer) -> EarlyWeights:
                         contexts=_Ctx, primer=primer)  # type: ignore[arg-type]
 
 
+def _restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, primer: _Primer,
+             head: tuple[int, ...] = HEAD) -> tuple[EarlyWeights, str]:
+    """A recorded first start, then the next one with `primer`, begun: (its EarlyWeights, the model)."""
+    root, path = tmp_path / "starts", _model(tmp_path)
+    _recorded_start(root, path, monkeypatch, head)
+    early = _early(root, primer)
+    early.begin(ARGV, "/srv", ENV)
+    return early, path
+
+
 def _recorded_start(root: Path, path: str, monkeypatch: pytest.MonkeyPatch,
                     head: tuple[int, ...] = HEAD) -> None:
     """A first start: loads, makes its context and notes the template's head (Residency.install)."""
@@ -101,12 +111,9 @@ def test_the_head_is_recorded_and_primed_by_the_next_start_on_the_early_thread(
 
 def test_the_context_is_handed_over_while_it_is_primed_and_hurry_cuts_the_priming_short(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root, path = tmp_path / "starts", _model(tmp_path)
-    _recorded_start(root, path, monkeypatch)
     gate = threading.Event()
     primer = _Primer(gate)
-    early = _early(root, primer)
-    early.begin(ARGV, "/srv", ENV)
+    early, path = _restart(tmp_path, monkeypatch, primer)
     ctx = early.context(early.open(path, 0), CFG)  # handed over with the primer still at work
     assert ctx.held is not None and not ctx.held.is_set() and not primer.done.is_set()
     early.hurry()  # serve's API is imported
@@ -118,10 +125,7 @@ def test_the_context_is_handed_over_while_it_is_primed_and_hurry_cuts_the_primin
 
 def test_a_priming_that_fails_leaves_an_empty_context_that_still_serves(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root, path = tmp_path / "starts", _model(tmp_path)
-    _recorded_start(root, path, monkeypatch)
-    early = _early(root, _Primer(fail=True))
-    early.begin(ARGV, "/srv", ENV)
+    early, path = _restart(tmp_path, monkeypatch, _Primer(fail=True))
     ctx = early.context(early.open(path, 0), CFG)
     assert ctx.held is not None and ctx.held.wait(10)
     assert ctx.cleared and ctx.primed == () and early.contexts_handed_over == 1
@@ -130,27 +134,24 @@ def test_a_priming_that_fails_leaves_an_empty_context_that_still_serves(
 
 def test_an_early_context_freed_unused_waits_for_its_priming(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root, path = tmp_path / "starts", _model(tmp_path)
-    _recorded_start(root, path, monkeypatch)
     gate = threading.Event()
     primer = _Primer(gate)
-    early = _early(root, primer)
-    early.begin(ARGV, "/srv", ENV)
+    early, path = _restart(tmp_path, monkeypatch, primer)
     model = early.open(path, 0)
-    threading.Timer(0.05, gate.set).start()  # the priming ends while drop_context waits
-    early.drop_context(model)  # _Ctx.close asserts that the priming had ended
+    dropping = threading.Thread(target=early.drop_context, args=(model,))
+    dropping.start()  # _Ctx.close waits for the priming's release, and asserts that it came
+    assert not primer.done.is_set()
+    gate.set()
+    dropping.join(10)
+    assert not dropping.is_alive() and primer.done.is_set()
     model.close()
     early.finish()
-    assert primer.done.is_set()
 
 
 def test_no_head_no_priming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A template without a shared head (or a model with a draft: Residency.install passes None)."""
-    root, path = tmp_path / "starts", _model(tmp_path)
-    _recorded_start(root, path, monkeypatch, head=())
     primer = _Primer()
-    early = _early(root, primer)
-    early.begin(ARGV, "/srv", ENV)
+    early, path = _restart(tmp_path, monkeypatch, primer, head=())
     ctx = early.context(early.open(path, 0), CFG)
     early.finish()
     assert primer.calls == [] and ctx.held is None and ctx.primed == ()

@@ -124,10 +124,11 @@ class Startup:
     def _adopt_primed(self) -> None:
         """The chat template's head, decoded into sequence 0 before the engine had the context
         (llama/prime.py), becomes slot 0's prompt cache: the first chat reuses it."""
-        ctx = self.res.live.ctx if self.res.loaded else None
-        if ctx is not None:
-            ctx.settle()  # without a warm-up (EngineConfig.warmup) nothing else waited for it
-        if ctx is not None and ctx.primed:
+        if not self.res.loaded:
+            return
+        ctx = self.res.live.ctx
+        ctx.settle()  # without a warm-up (EngineConfig.warmup) nothing else waited for it
+        if ctx.primed:
             self.loop.slots[0].tokens[:] = ctx.primed
             log.info("chat template's first %d tokens evaluated during the start", len(ctx.primed))
             ctx.primed = ()

@@ -23,6 +23,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from edge.runtime.llama import llama_cpp
+from edge.runtime.step.slots import common_prefix_len  # the rule a prompt's cache reuse follows
 
 if TYPE_CHECKING:
     from edge.runtime.llama.model import LlamaContext, LlamaModel
@@ -49,9 +50,7 @@ def chat_head(template: ChatTemplate, model: LlamaModel) -> tuple[int, ...]:
     except Exception as exc:  # an odd template: no head start, the chats report what fails
         log.debug("no chat head: %s", exc)
         return ()
-    n, limit = 0, min(len(a), len(b), HEAD_MAX_TOKENS)
-    while n < limit and a[n] == b[n]:
-        n += 1
+    n = min(common_prefix_len(a, b), HEAD_MAX_TOKENS)
     return tuple(a[:n]) if n >= MIN_HEAD_TOKENS else ()
 
 
