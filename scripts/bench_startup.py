@@ -17,21 +17,31 @@ repacks, edge keeps the weights mapped on x86: backend.py), except that llama-se
 the per-run figures and a Markdown table of the means (medians). Servers are started and ended
 here, by PID; ports from `--port` up.
 
+An edge start reuses what the last start of the same command line recorded (early weights,
+context and chat head: runtime/llama/early.py). `--fresh starts` runs each edge start without
+the records of command lines (a command line never run here, naming a model file that ran
+before); `--fresh all` with an empty cache (a new machine).
+
     .venv/bin/python scripts/bench_startup.py MODEL.gguf [MODEL.gguf ...] [--runs 3] [--threads 2]
         [--port 18500] [--llama-server .cache/llamacpp-tools/bin/llama-server]
-        [--repack auto|on|off] [--settle S] [--edge before=/tmp/old-tree --edge after=.]
+        [--repack auto|on|off] [--settle S] [--fresh none|starts|all]
+        [--edge before=/tmp/old-tree --edge after=.]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,6 +205,25 @@ def table(runs: list[Run]) -> str:
     return "\n".join(rows) + "\n\nmean (median) of the runs"
 
 
+@contextlib.contextmanager
+def fresh_cache(kind: str) -> Iterator[dict[str, str]]:
+    """The environment of an edge start under `--fresh`: a temporary EDGE_CACHE_DIR holding a copy
+    of this user's cache without its command lines' start records (starts), or nothing (all);
+    {} for none."""
+    if kind == "none":
+        yield {}
+        return
+    sys.path.insert(0, str(ROOT))
+    from edge.dirs import cache_dir
+
+    with tempfile.TemporaryDirectory(prefix="edge-fresh-") as tmp:
+        cache = Path(tmp) / "cache"
+        if kind == "starts" and cache_dir().is_dir():  # starts/files/: what each model file last had
+            shutil.copytree(cache_dir(), cache, ignore=lambda d, names: [
+                n for n in names if Path(d).name == "starts" and n.endswith(".json")])
+        yield {"EDGE_CACHE_DIR": str(cache)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="+", type=Path)
@@ -209,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--edge", action="append", default=[], metavar="LABEL=DIR",
                    help="an edge tree to run (its `edge` package under DIR; repeatable, interleaved; "
                    "default: this checkout)")
+    p.add_argument("--fresh", choices=("none", "starts", "all"), default="none",
+                   help="each edge start as the first of its command line: without the command lines' "
+                   "start records (starts), or with no cache at all, as on a new machine (all)")
     p.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
                    help="ggml's repacked weight buffers for both targets "
                    "(auto: each its own default, llama-server --no-repack where the build has AMX kernels)")
@@ -224,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(a.runs):
         for model in a.models:
             for label, root in edges:
-                r = run_edge(label, root, model, a.port, a.threads, a.edge_arg, a.settle, env)
+                with fresh_cache(a.fresh) as cache:
+                    r = run_edge(label, root, model, a.port, a.threads, a.edge_arg, a.settle,
+                                 {**env, **cache})
                 runs.append(r)
                 print(f"run {i + 1} {label} {model.name}: ready {r.ready_s:.2f} s, first token "
                       f"{r.first_token_s:.2f} s, warm {r.extra['warm']:.3f} s, reload {r.reload_s:.2f} s",

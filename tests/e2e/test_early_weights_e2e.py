@@ -1,6 +1,7 @@
 """A restart with the same command line maps the weights while Python still imports the server
 (runtime/llama/early.py), evaluates the chat template's head meanwhile (prime.py), and serves
-exactly what a start without that head start serves."""
+exactly what a start without that head start serves; a command line never run loads the model
+file it names early, and takes the context that file last had where it is the one asked for."""
 
 from __future__ import annotations
 
@@ -38,8 +39,13 @@ def test_a_restart_takes_the_weights_loaded_early_and_answers_the_same(smollm2_p
         text, chat = _complete(first.url), _chat(first.url)
     finally:
         assert first.stop() == 0
-    assert "loaded early" not in first.log()  # nothing recorded before the first start
-    assert len(list((cache / "starts").glob("*.json"))) == 1
+    # nothing recorded before the first start: the file named loads early, nothing else does
+    assert f"weights of {smollm2_path.name} loaded early, beside the start's imports (named on the " \
+        "command line)" in first.log()
+    assert "made early" not in first.log()
+    assert _primed(first.log()) <= 24  # the head primed until the API was imported, maybe none
+    assert len(list((cache / "starts").glob("*.json"))) == 1  # the command line's record
+    assert len(list((cache / "starts" / "files").glob("*.json"))) == 1  # the file's
 
     second = launch(tmp_path, smollm2_path, "--slots", "1", env=env, port=port)
     try:
@@ -49,12 +55,25 @@ def test_a_restart_takes_the_weights_loaded_early_and_answers_the_same(smollm2_p
         assert second.stop() == 0
     assert f"weights of {smollm2_path.name} loaded early" in second.log()
     assert f"context of {smollm2_path.name} made early" in second.log()  # and the same text above
-    primed = re.search(r"chat template's first (\d+) tokens evaluated during the start", second.log())
-    assert primed and CHUNK_TOKENS <= int(primed.group(1)) <= 24  # SmolLM2's head: 24 (a hurry: fewer)
+    assert CHUNK_TOKENS <= _primed(second.log()) <= 24  # SmolLM2's head: 24 (a hurry: fewer)
 
     other = launch(tmp_path, smollm2_path, "--slots", "2", env=env, port=port)  # another command line
     try:
         assert _complete(other.url) == text
     finally:
         assert other.stop() == 0
-    assert "loaded early" not in other.log() and "made early" not in other.log()
+    assert "(named on the command line)" in other.log()  # the file's record: a context for 1 slot
+    assert "made early" not in other.log()  # not the 2 asked for: made anew
+
+    again = launch(tmp_path, smollm2_path, "--slots", "2", env=env)  # yet another (port): as `other`
+    try:
+        assert _chat(again.url) == chat
+    finally:
+        assert again.stop() == 0
+    assert f"context of {smollm2_path.name} made early" in again.log()  # the file's record, updated
+
+
+def _primed(log: str) -> int:
+    """How many head tokens a start's log says it evaluated (0: none)."""
+    primed = re.search(r"chat template's first (\d+) tokens evaluated during the start", log)
+    return int(primed.group(1)) if primed else 0

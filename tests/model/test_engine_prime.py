@@ -75,6 +75,10 @@ def test_a_stop_ends_the_priming_after_its_first_chunk(smollm2_path: Path) -> No
         assert ctx.seq_pos_max(0) == CHUNK_TOKENS - 1
         ctx.clear()
         assert ctx.primed == () and ctx.seq_pos_max(0) == -1
+        assert prime(ctx, head, stop, first_chunk=False) == ()  # a first start's, once serve hurried
+        assert ctx.seq_pos_max(0) == -1
+        stop.clear()
+        assert prime(ctx, head, stop, first_chunk=False) == head and ctx.seq_pos_max(0) == len(head) - 1
     finally:
         ctx.close()
         model.close()

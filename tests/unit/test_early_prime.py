@@ -50,16 +50,19 @@ class _Primer:
     def __init__(self, gate: threading.Event | None = None, fail: bool = False) -> None:
         self.gate, self.fail = gate, fail
         self.calls: list[tuple[tuple[int, ...], str, threading.Event]] = []
+        self.first_chunks: list[bool] = []
         self.done = threading.Event()
 
-    def __call__(self, ctx: _Ctx, head: tuple[int, ...], stop: threading.Event) -> None:
+    def __call__(self, ctx: _Ctx, head: tuple[int, ...], stop: threading.Event,
+                 first_chunk: bool = True) -> None:
         self.calls.append((head, threading.current_thread().name, stop))
+        self.first_chunks.append(first_chunk)
         try:
             if self.gate is not None:
                 assert self.gate.wait(10)
             if self.fail:
                 raise RuntimeError("decode failed")
-            ctx.primed = head if not stop.is_set() else head[:prime_mod.CHUNK_TOKENS]
+            ctx.primed = head if not stop.is_set() else head[:prime_mod.CHUNK_TOKENS if first_chunk else 0]
         finally:
             self.done.set()
 
@@ -97,7 +100,7 @@ def test_the_head_is_recorded_and_primed_by_the_next_start_on_the_early_thread(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root, path = tmp_path / "starts", _model(tmp_path)
     _recorded_start(root, path, monkeypatch)
-    (record,) = root.glob("*.json")
+    (record,) = root.glob("*.json")  # the command line's (the file's own is in files/)
     assert json.loads(record.read_text())["models"][0]["head"] == list(HEAD)
     primer = _Primer()
     early = _early(root, primer)
@@ -169,9 +172,10 @@ def test_every_early_load_comes_before_any_priming(tmp_path: Path, monkeypatch: 
         return loader(path, n_gpu_layers)
 
     class Primer(_Primer):
-        def __call__(self, ctx: _Ctx, head: tuple[int, ...], stop: threading.Event) -> None:
+        def __call__(self, ctx: _Ctx, head: tuple[int, ...], stop: threading.Event,
+                     first_chunk: bool = True) -> None:
             order.append(f"prime {Path(ctx.model.path).name}")
-            super().__call__(ctx, head, stop)
+            super().__call__(ctx, head, stop, first_chunk)
 
     for primer in (_Primer(), Primer()):
         early = EarlyWeights(root, load, quiet_here=lambda: True, contexts=_Ctx,  # type: ignore[arg-type]
@@ -183,3 +187,71 @@ def test_every_early_load_comes_before_any_priming(tmp_path: Path, monkeypatch: 
             early.note_head(model, template=object())  # type: ignore[arg-type]
         early.finish()
     assert order[-4:] == ["load a.gguf", "load b.gguf", "prime a.gguf", "prime b.gguf"]
+
+
+def _first_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                 primer: _Primer) -> tuple[EarlyWeights, str]:
+    """A start of a command line never seen, naming no file: nothing loads or primes early."""
+    monkeypatch.setattr(prime_mod, "chat_head", lambda template, model: HEAD)
+    early = _early(tmp_path / "starts", primer)
+    assert early.begin(ARGV, "/srv", ENV) == 0
+    return early, _model(tmp_path)
+
+
+def test_a_first_start_primes_its_context_on_a_thread_until_serve_hurries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing recorded: the head is known once the template is (Residency.install), and is primed
+    then, beside the API's imports, while the engine's first decode waits (`hold`)."""
+    gate = threading.Event()
+    primer = _Primer(gate)
+    early, path = _first_start(tmp_path, monkeypatch, primer)
+    model = early.open(path, 0)
+    ctx = early.context(model, CFG)
+    early.note_head(model, template=object(), ctx=ctx)  # type: ignore[arg-type]
+    assert ctx.held is not None and not ctx.held.is_set()  # note_head returned; priming goes on
+    gate.set()
+    assert ctx.held.wait(10) and ctx.primed == HEAD
+    assert [t for _, t, _ in primer.calls] == ["edge-start-prime"] and primer.first_chunks == [False]
+    early.finish()
+
+
+def test_a_first_start_whose_api_is_imported_already_primes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `hurry` a priming would only delay the first chat: it evaluates the head faster."""
+    primer = _Primer()
+    early, path = _first_start(tmp_path, monkeypatch, primer)
+    model = early.open(path, 0)
+    ctx = early.context(model, CFG)
+    early.hurry()
+    early.note_head(model, template=object(), ctx=ctx)  # type: ignore[arg-type]
+    early.finish()
+    assert primer.calls == [] and ctx.held is None and ctx.primed == ()
+
+
+def test_a_context_primed_or_being_primed_early_is_not_primed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = threading.Event()
+    primer = _Primer(gate)
+    early, path = _restart(tmp_path, monkeypatch, primer)
+    model = early.open(path, 0)
+    ctx = early.context(model, CFG)
+    early.note_head(model, template=object(), ctx=ctx)  # type: ignore[arg-type]  # still priming early
+    gate.set()
+    assert primer.done.wait(10) and ctx.primed == HEAD
+    early.note_head(model, template=object(), ctx=ctx)  # type: ignore[arg-type]  # primed already
+    early.finish()
+    assert [t for _, t, _ in primer.calls] == ["edge-early-load"]
+
+
+def test_a_new_command_line_naming_a_recorded_file_makes_and_primes_its_context_early(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another port, the same model file: its context and head come from the file's record."""
+    root, path = tmp_path / "starts", _model(tmp_path)
+    _recorded_start(root, path, monkeypatch)
+    primer = _Primer()
+    early = _early(root, primer)
+    assert early.begin(["serve", path, "--port", "9090"], "/srv", ENV) == 1
+    ctx = early.context(early.open(path, 0), CFG)
+    assert primer.done.wait(10) and ctx.primed == HEAD
+    assert early.handed_over == early.contexts_handed_over == 1
+    early.finish()

@@ -224,6 +224,40 @@ def test_the_first_model_is_handed_over_while_the_next_one_still_loads(tmp_path:
     early.finish()
 
 
+def test_a_command_line_never_seen_loads_the_model_files_it_names_early(tmp_path: Path) -> None:
+    """No record: the `.gguf` files on the command line that exist, resolved as the host resolves
+    a path (relative to the directory, links followed), each once; a file named but not asked
+    for is closed at the end."""
+    root, a, b = tmp_path / "starts", _model(tmp_path, "a.gguf"), _model(tmp_path, "b.gguf")
+    os.symlink(a, tmp_path / "link.GGUF")
+    argv = ["serve", "a.gguf", "link.GGUF", "missing.gguf", "--draft-model=b.gguf", "--port", "1"]
+    loader = _Loader()
+    early = _early(root, loader)
+    assert early.begin(argv, str(tmp_path), ENV) == 2
+    got = early.open(a, 0)
+    assert got.thread == "edge-early-load" and early.handed_over == 1
+    early.finish()
+    assert [(c[0], c[2]) for c in loader.calls] == [(a, "edge-early-load"), (b, "edge-early-load")]
+    assert [m.closed for m in loader.made] == [False, True]
+
+
+def test_at_most_a_few_files_named_load_early(tmp_path: Path) -> None:
+    from edge.runtime.llama.early import MAX_GUESSES
+
+    paths = [_model(tmp_path, f"m{i}.gguf") for i in range(MAX_GUESSES + 2)]
+    loader = _Loader()
+    early = _early(tmp_path / "starts", loader)
+    assert early.begin(["serve", *paths], str(tmp_path), ENV) == MAX_GUESSES
+    early.finish()
+    assert [c[0] for c in loader.calls] == paths[:MAX_GUESSES]
+
+
+def test_files_named_on_a_build_whose_loads_are_not_quiet_load_nothing_early(tmp_path: Path) -> None:
+    path, loader = _model(tmp_path), _Loader()
+    assert _early(tmp_path / "starts", loader, quiet=False).begin(["serve", path], "/srv", ENV) == 0
+    assert loader.calls == []
+
+
 def test_the_command_line_parser_loads_no_native_library() -> None:
     """`edge --help` builds every command's parser: `serve` reaches the early weights (and
     llama.cpp) only when it runs."""

@@ -263,7 +263,8 @@ class Residency:
             self.template = load_template(self._template_override or model.chat_template(),
                                           model.token_text(model.bos_id), model.token_text(model.eos_id))
         if EARLY.recording:  # what the next start primes (llama/prime.py): a draft would miss it
-            EARLY.note_head(model, self.template if self.spec_blocker is None and draft is None else None)
+            head_of = self.template if self.spec_blocker is None and draft is None else None
+            EARLY.note_head(model, head_of, ctx)
         self.batch = Batch(ctx.n_batch)
         self._live = Live(model, ctx, self.batch, self.n_ctx, draft, self.spec_blocker is None)
 

@@ -8,9 +8,11 @@ Python log callback (loadlog.py), so it can run beside those imports on another 
 start before them. The first thing `edge serve` does (cli.py) is therefore `begin(argv)`: if the
 same command line, in the same directory with the same `EDGE_*` environment, loaded models last
 time (a record in the cache directory), and each file is still the one it was, the loads start on
-a thread now. `Residency.open` takes a model through `EARLY.open`, which hands over the early
-one when path and placement match, and otherwise loads as before; `finish()` closes what nobody
-took and records what this start loaded, for the next.
+a thread now. A command line with no record of its own loads the `.gguf` files it names
+(`gguf_words`), each with what the last start of any command line had on that file (a record
+per file: its context and chat head). `Residency.open` takes a model through `EARLY.open`, which
+hands over the early one when path and placement match, and otherwise loads as before;
+`finish()` closes what nobody took and records what this start loaded, for the next.
 
 The context (KV cache and compute buffers: ~140 ms for SmolLM2's 8192 cells on that VM, most of
 it clearing the cache's memory) is C without the GIL too, so where the last start recorded the
@@ -21,7 +23,9 @@ freed and made anew). It is not warmed up there: the engine thread's first decod
 every chat without a system message starts with), the thread then decodes them into the context
 with one thread (prime.py), once every early load is done, until serve calls `hurry`; the first
 chat finds them cached. The context is handed over before that: the engine's open goes on, and
-only its first decode (the warm-up) waits for the priming (`LlamaContext.hold`).
+only its first decode (the warm-up) waits for the priming (`LlamaContext.hold`). A start that
+primed nothing early primes the head once `Residency.install` knows it (`note_head`), on a thread
+of its own, while serve still imports the API and never after.
 
 A wrong guess costs a load on the idle core and the page cache, never the result: what is handed
 over is only what the host would have loaded itself. Loads that would not be quiet (a GPU build,
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("edge.engine")
 
 RECORD_VERSION = 1
+MAX_GUESSES = 4  # model files named on a new command line that load early, at most
 SKIP_FLAGS = frozenset({"-v", "--verbose", "--lazy", "-h", "--help"})  # see the module docstring
 
 
@@ -74,6 +79,25 @@ def start_key(argv: Sequence[str], cwd: str, env: dict[str, str], exe: str = sys
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+def file_key(path: str, file_id: tuple[int, int, int, int]) -> str:
+    """The record of one model file as last loaded, by any command line (see `_guess`)."""
+    blob = json.dumps(["file", path, list(file_id)], separators=(",", ":"))
+    return "files/" + hashlib.sha256(blob.encode()).hexdigest()[:32]  # a folder beside the command lines
+
+
+def gguf_words(argv: Sequence[str], cwd: str) -> list[str]:
+    """The existing `.gguf` files that `argv` names (`--flag=FILE` too), as the host resolves a
+    path given on the command line (host/names.py: symbolic links resolved), in order, once each."""
+    paths: list[str] = []
+    for word in argv:
+        word = word.split("=", 1)[-1]
+        if word.lower().endswith(".gguf"):
+            path = os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
+            if os.path.isfile(path) and path not in paths:
+                paths.append(path)
+    return paths
+
+
 def _identity(path: str) -> tuple[int, int, int, int] | None:
     """`model.file_identity` (what `LlamaModel.same_file` compares), None where there is no file."""
     from edge.runtime.llama.model import file_identity
@@ -94,7 +118,7 @@ def _load_weights(path: str, n_gpu_layers: int) -> LlamaModel:
 
 
 ContextMaker = Callable[["LlamaModel", dict[str, Any]], "LlamaContext"]
-Primer = Callable[["LlamaContext", tuple[int, ...], threading.Event], object]
+Primer = Callable[["LlamaContext", tuple[int, ...], threading.Event, bool], object]
 
 
 def _make_context(model: LlamaModel, config: dict[str, Any]) -> LlamaContext:
@@ -103,10 +127,12 @@ def _make_context(model: LlamaModel, config: dict[str, Any]) -> LlamaContext:
     return LlamaContext(model, ContextConfig(**config))
 
 
-def _prime(ctx: LlamaContext, head: tuple[int, ...], stop: threading.Event) -> object:
-    from edge.runtime.llama.prime import prime
+def _prime(ctx: LlamaContext, head: tuple[int, ...], stop: threading.Event, first_chunk: bool) -> object:
+    """A first start's priming (no first chunk) races serve's imports to `ready`: its chunks are
+    half as long, so the one running when serve hurries delays `ready` half as much."""
+    from edge.runtime.llama.prime import CHUNK_TOKENS, prime
 
-    return prime(ctx, head, stop)
+    return prime(ctx, head, stop, CHUNK_TOKENS if first_chunk else CHUNK_TOKENS // 2, first_chunk)
 
 
 def _quiet_here() -> bool:
@@ -145,6 +171,8 @@ class EarlyWeights:
         self._ctx_pending: set[int] = set()  # id(model) of early weights whose context is being made
         self._seen: list[Weights] = []  # what this start loaded, recorded by finish()
         self._finished = False
+        self._late: list[threading.Thread] = []  # primings of a start nothing was primed for (note_head)
+        self._guessed: set[str] = set()  # early loads of files named on a command line not seen
         self.handed_over = 0  # early loads taken by open() (logs, tests)
         self.contexts_handed_over = 0  # early contexts taken by context()
 
@@ -156,16 +184,29 @@ class EarlyWeights:
         """Start the loads the last start with this command line made; how many started."""
         if SKIP_FLAGS.intersection(argv):
             return 0
-        self._key = start_key(argv, cwd or os.getcwd(), dict(os.environ) if env is None else env)
+        cwd = cwd or os.getcwd()
+        self._key = start_key(argv, cwd, dict(os.environ) if env is None else env)
+        atexit.register(self._join)  # a start that fails first exits with no load or priming mid-flight
         self._recorded = self._read(self._key)
-        todo = [w for w in self._recorded if _identity(w.path) == w.file_id]
+        todo = [w for w in self._recorded if _identity(w.path) == w.file_id] or self._guess(argv, cwd)
         if not todo or not self._quiet_here():
             return 0
         self._pending = {(w.path, w.n_gpu_layers) for w in todo}
         self._thread = threading.Thread(target=self._run, args=(todo,), name="edge-early-load", daemon=True)
         self._thread.start()
-        atexit.register(self._join)  # a start that fails first exits with no load mid-flight
         return len(todo)
+
+    def _guess(self, argv: Sequence[str], cwd: str) -> list[Weights]:
+        """A command line not seen before: the model files it names, each as the last start of
+        any command line made it (its file record: context and chat head), else weights only."""
+        todo: list[Weights] = []
+        for path in gguf_words(argv, cwd)[:MAX_GUESSES]:
+            file_id = _identity(path)
+            if file_id is not None:
+                known = [w for w in self._read(file_key(path, file_id)) if w.file_id == file_id]
+                todo.append(known[0] if known else Weights(path, 0, file_id))  # 0: a quiet build's
+                self._guessed.add(path)
+        return todo
 
     def _run(self, todo: list[Weights]) -> None:
         primes: list[tuple[LlamaContext, tuple[int, ...]]] = []  # after every load: none waits
@@ -202,9 +243,9 @@ class EarlyWeights:
             self._loaded.notify_all()
         return ctx if hold else None
 
-    def _prime(self, ctx: LlamaContext, head: tuple[int, ...]) -> None:
+    def _prime(self, ctx: LlamaContext, head: tuple[int, ...], first_chunk: bool = True) -> None:
         try:
-            self._primer(ctx, head, self._hurry)
+            self._primer(ctx, head, self._hurry, first_chunk)
         except BaseException as exc:  # a head start lost, nothing else: an empty context
             log.debug("chat head not primed: %s", exc)
             ctx.clear()
@@ -220,9 +261,11 @@ class EarlyWeights:
         """Whether this start's loads are still being recorded (`note_head` is heard)."""
         return self._key is not None and not self._finished
 
-    def note_head(self, model: LlamaModel, template: ChatTemplate | None) -> None:
+    def note_head(self, model: LlamaModel, template: ChatTemplate | None,
+                  ctx: LlamaContext | None = None) -> None:
         """Record the head of `model`'s chat `template` (prime.chat_head; None: nothing to prime)
-        for the next start."""
+        for the next start; and where the early thread primed nothing into `ctx` (a first start),
+        prime it now on a thread of its own until serve `hurry`s, none if it already did."""
         from edge.runtime.llama.prime import chat_head
 
         head = () if template is None else chat_head(template, model)
@@ -231,10 +274,18 @@ class EarlyWeights:
                 if self._seen[i].path == model.path and not self._finished:
                     self._seen[i] = replace(self._seen[i], head=tuple(head))
                     break
+        if ctx is None or not head or ctx.primed or ctx.held or self._hurry.is_set():
+            return
+        ctx.hold()  # the engine's first decode waits for it, as for an early priming
+        late = threading.Thread(target=self._prime, args=(ctx, head, False), name="edge-start-prime",
+                                daemon=True)
+        self._late.append(late)
+        late.start()
 
     def _join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
+        for thread in [self._thread, *self._late]:
+            if thread is not None:
+                thread.join()
 
     def open(self, path: str, n_gpu_layers: int) -> LlamaModel:
         """The weights `Residency.open` needs: the early load of this file and placement when
@@ -248,8 +299,9 @@ class EarlyWeights:
             got = self._early.pop((path, n_gpu_layers), None)
         if got is not None and not isinstance(got, BaseException) and got.same_file():
             self.handed_over += 1
-            log.info("weights of %s loaded early, beside the start's imports (the last start with "
-                     "this command line loaded them)", Path(path).name)
+            why = "named on the command line" if path in self._guessed else \
+                "the last start with this command line loaded them"
+            log.info("weights of %s loaded early, beside the start's imports (%s)", Path(path).name, why)
             return got
         if got is not None and not isinstance(got, BaseException):
             self.drop_context(got)
@@ -303,6 +355,9 @@ class EarlyWeights:
                 got.close()
         if key is not None and seen and seen != self._recorded:
             self._write(key, seen)
+        for w in seen:  # what another command line naming the file guesses (_guess)
+            if w.context is not None and self._read(file_key(w.path, w.file_id)) != [w]:
+                self._write(file_key(w.path, w.file_id), [w])
 
     def _read(self, key: str) -> list[Weights]:
         try:

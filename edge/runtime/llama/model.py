@@ -276,6 +276,11 @@ class LlamaContext:
         take the context meanwhile."""
         self._held = threading.Event()
 
+    @property
+    def held(self) -> bool:
+        """Whether another thread decodes into it, or did and nobody settled since (`hold`)."""
+        return self._held is not None
+
     def release(self) -> None:
         if self._held is not None:
             self._held.set()

@@ -55,11 +55,12 @@ def chat_head(template: ChatTemplate, model: LlamaModel) -> tuple[int, ...]:
 
 
 def prime(ctx: LlamaContext, tokens: tuple[int, ...], stop: threading.Event | None = None,
-          chunk: int = CHUNK_TOKENS) -> tuple[int, ...]:
+          chunk: int = CHUNK_TOKENS, first_chunk: bool = True) -> tuple[int, ...]:
     """Decode `tokens` into sequence 0 of the fresh context `ctx` from position 0, one thread,
-    `chunk` tokens a decode, until done or, after the first chunk, `stop` is set; `ctx.primed`
-    says what it holds, which is also returned. A failed decode leaves the context empty. The
-    context's threads are its own again afterwards."""
+    `chunk` tokens a decode, until done or `stop` is set (checked after the first chunk, or
+    before it too without `first_chunk`); `ctx.primed` says what it holds, which is also
+    returned. A failed decode leaves the context empty. The context's threads are its own again
+    afterwards."""
     from edge.runtime.llama.batch import Batch
 
     n_threads = llama_cpp.llama_n_threads(ctx.ptr)
@@ -68,7 +69,7 @@ def prime(ctx: LlamaContext, tokens: tuple[int, ...], stop: threading.Event | No
     done = 0
     llama_cpp.llama_set_n_threads(ctx.ptr, 1, 1)
     try:
-        while done < len(tokens) and not (done and stop is not None and stop.is_set()):
+        while done < len(tokens) and not ((done or not first_chunk) and stop is not None and stop.is_set()):
             part = tokens[done : done + batch.capacity]
             batch.clear()
             batch.add_prompt(0, part, done, logits_last=False)
