@@ -10,3 +10,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+# Bytecode now, as a wheel install has it: an editable install gets none until an import writes
+# it, and never where PYTHONDONTWRITEBYTECODE is set (then every `edge serve` compiles its
+# modules again: ~0.3 s of each start on a 2-core VM).
+.venv/bin/python -m compileall -q edge >/dev/null
