@@ -27,18 +27,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from edge.runtime.llama import llama_cpp
 from edge.runtime.llama.batch import Batch
 from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
+from edge.runtime.step.slots import common_prefix_len  # the target's prompt cache keeps by the same rule
 
 log = logging.getLogger("edge.engine")
 
 ALPHA = 0.2  # smoothing of the measured seconds per drafted token
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class DraftModel:
@@ -112,7 +105,7 @@ class DraftModel:
         rest: dict[int, list[int]] = {}
         for sid, toks in tokens.items():
             held = self.held.setdefault(sid, [])
-            keep = min(common_prefix(held, toks), len(toks) - 1)  # the last one is decoded for its row
+            keep = min(common_prefix_len(held, toks), len(toks) - 1)  # the last one is decoded for its row
             if keep < len(held) and not self.ctx.seq_rm(sid, keep, -1):
                 self.ctx.seq_rm(sid, -1, -1)
                 keep = 0
