@@ -113,6 +113,10 @@ def open_host(refs: Sequence[str | None], settings: Settings, *,
 
     choices = [choose_model(r, settings) for r in refs]
     from edge.host.loading import draft_model_for
+    from edge.runtime.llama.early import EARLY
+
+    for ref, choice in zip(refs, choices, strict=True):  # the next start naming it loads it early
+        EARLY.note_name(ref, str(choice.path))
 
     for c in choices:  # a draft model that cannot serve a model named is a startup error (exit 2)
         draft_model_for(c.path, settings)

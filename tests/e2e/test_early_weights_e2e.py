@@ -5,6 +5,7 @@ file it names early, and takes the context that file last had where it is the on
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -22,8 +23,8 @@ def _complete(url: str) -> str:
     return str(r.json()["choices"][0]["text"])
 
 
-def _chat(url: str) -> str:
-    body = {"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": "Say hi."}],
+def _chat(url: str, model: str = "SmolLM2-135M-Instruct.Q4_1") -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}],
             "max_tokens": 8, "temperature": 0}
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
     r.raise_for_status()
@@ -77,3 +78,29 @@ def _primed(log: str) -> int:
     """How many head tokens a start's log says it evaluated (0: none)."""
     primed = re.search(r"chat template's first (\d+) tokens evaluated during the start", log)
     return int(primed.group(1)) if primed else 0
+
+
+def test_a_new_command_line_naming_a_store_model_loads_its_file_early(smollm2_path: Path,
+                                                                      tmp_path: Path) -> None:
+    """A model named from the store resolves after the settings: the next start, even with another
+    port, loads the file that name had, with its context and head (start_records.py)."""
+    store = tmp_path / "models"
+    store.mkdir()
+    (store / smollm2_path.name).symlink_to(smollm2_path)
+    (store / "manifest.json").write_text(json.dumps(
+        {"smollm2-135m-instruct": {"file": smollm2_path.name, "sha256": "", "source": "test"}}))
+    env = {"EDGE_CACHE_DIR": str(tmp_path / "cache")}
+    texts, logs = [], []
+    for _ in range(2):  # two command lines: each its own port
+        s = launch(tmp_path, Path("smollm2-135m-instruct"), "--slots", "1", env=env)
+        try:
+            texts.append(_chat(s.url, "smollm2-135m-instruct"))
+        finally:
+            assert s.stop() == 0
+        logs.append(s.log())
+    assert texts[0] == texts[1]
+    assert "loaded early" not in logs[0]
+    assert f"weights of {smollm2_path.name} loaded early, beside the start's imports (named on the " \
+        "command line)" in logs[1]
+    assert f"context of {smollm2_path.name} made early" in logs[1]
+    assert CHUNK_TOKENS <= _primed(logs[1]) <= 24

@@ -9,10 +9,12 @@ start before them. The first thing `edge serve` does (cli.py) is therefore `begi
 same command line, in the same directory with the same `EDGE_*` environment, loaded models last
 time (a record in the cache directory), and each file is still the one it was, the loads start on
 a thread now. A command line with no record of its own loads the `.gguf` files it names
-(`gguf_words`), each with what the last start of any command line had on that file (a record
-per file: its context and chat head). `Residency.open` takes a model through `EARLY.open`, which
-hands over the early one when path and placement match, and otherwise loads as before;
-`finish()` closes what nobody took and records what this start loaded, for the next.
+(`gguf_words`) and the files its model names (or, naming none, the default model) resolved to at
+an earlier start here (`note_name`), each with what the last start of any command line had on
+that file (its context and chat head; the records: start_records.py). `Residency.open` takes a
+model through `EARLY.open`, which hands over the early one when path and placement match, and
+otherwise loads as before; `finish()` closes what nobody took and records what this start
+loaded, for the next.
 
 The context (KV cache and compute buffers: ~140 ms for SmolLM2's 8192 cells on that VM, most of
 it clearing the cache's memory) is C without the GIL too, so where the last start recorded the
@@ -36,18 +38,24 @@ nor under `-v` (the log is wanted then) or `--lazy` (nothing loads at start).
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge.dirs import cache_dir
+from edge.runtime.llama.start_records import (
+    Weights,
+    file_key,
+    gguf_words,
+    name_key,
+    read_record,
+    start_key,
+    write_record,
+)
 
 if TYPE_CHECKING:
     from edge.runtime.llama.model import ContextConfig, LlamaContext, LlamaModel
@@ -55,47 +63,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edge.engine")
 
-RECORD_VERSION = 1
 MAX_GUESSES = 4  # model files named on a new command line that load early, at most
 SKIP_FLAGS = frozenset({"-v", "--verbose", "--lazy", "-h", "--help"})  # see the module docstring
 
 
-@dataclass(frozen=True)
-class Weights:
-    """One model load as `Residency.open` asks for it, and the file it found there."""
-
-    path: str
-    n_gpu_layers: int
-    file_id: tuple[int, int, int, int]  # model.file_identity: replaced files never match
-    context: dict[str, Any] | None = None  # the ContextConfig made on them (asdict), if any
-    head: tuple[int, ...] = ()  # the chat template's head, primed into that context (prime.py)
-
-
-def start_key(argv: Sequence[str], cwd: str, env: dict[str, str], exe: str = sys.executable) -> str:
-    """What must be the same for the last start's loads to be this one's: the command line, where
-    it runs, the `EDGE_*` settings and the interpreter (hence the installed edge)."""
-    edge_env = sorted((k, v) for k, v in env.items() if k.startswith("EDGE_"))
-    blob = json.dumps([list(argv), cwd, edge_env, exe], separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def file_key(path: str, file_id: tuple[int, int, int, int]) -> str:
-    """The record of one model file as last loaded, by any command line (see `_guess`)."""
-    blob = json.dumps(["file", path, list(file_id)], separators=(",", ":"))
-    return "files/" + hashlib.sha256(blob.encode()).hexdigest()[:32]  # a folder beside the command lines
-
-
-def gguf_words(argv: Sequence[str], cwd: str) -> list[str]:
-    """The existing `.gguf` files that `argv` names (`--flag=FILE` too), as the host resolves a
-    path given on the command line (host/names.py: symbolic links resolved), in order, once each."""
-    paths: list[str] = []
-    for word in argv:
-        word = word.split("=", 1)[-1]
-        if word.lower().endswith(".gguf"):
-            path = os.path.realpath(os.path.join(cwd, os.path.expanduser(word)))
-            if os.path.isfile(path) and path not in paths:
-                paths.append(path)
-    return paths
+def _positional(words: Sequence[str]) -> list[str]:
+    """The words that may name models: neither an option nor, as far as can be told without the
+    parser, an option's value (a word right after an option with no `=`)."""
+    return [w for i, w in enumerate(words)
+            if not w.startswith("-") and not (i and words[i - 1].startswith("-") and "=" not in words[i - 1])]
 
 
 def _identity(path: str) -> tuple[int, int, int, int] | None:
@@ -172,6 +148,8 @@ class EarlyWeights:
         self._seen: list[Weights] = []  # what this start loaded, recorded by finish()
         self._finished = False
         self._late: list[threading.Thread] = []  # primings of a start nothing was primed for (note_head)
+        self._where: tuple[str, dict[str, str]] = ("", {})  # begin()'s directory and environment
+        self._names: list[tuple[str | None, str]] = []  # note_name()
         self._guessed: set[str] = set()  # early loads of files named on a command line not seen
         self.handed_over = 0  # early loads taken by open() (logs, tests)
         self.contexts_handed_over = 0  # early contexts taken by context()
@@ -185,10 +163,11 @@ class EarlyWeights:
         if SKIP_FLAGS.intersection(argv):
             return 0
         cwd = cwd or os.getcwd()
-        self._key = start_key(argv, cwd, dict(os.environ) if env is None else env)
+        env = dict(os.environ) if env is None else env
+        self._key, self._where = start_key(argv, cwd, env), (cwd, env)
         atexit.register(self._join)  # a start that fails first exits with no load or priming mid-flight
-        self._recorded = self._read(self._key)
-        todo = [w for w in self._recorded if _identity(w.path) == w.file_id] or self._guess(argv, cwd)
+        self._recorded = self._read_at(self._key)
+        todo = [w for w in self._recorded if _identity(w.path) == w.file_id] or self._guess(argv, cwd, env)
         if not todo or not self._quiet_here():
             return 0
         self._pending = {(w.path, w.n_gpu_layers) for w in todo}
@@ -196,17 +175,30 @@ class EarlyWeights:
         self._thread.start()
         return len(todo)
 
-    def _guess(self, argv: Sequence[str], cwd: str) -> list[Weights]:
-        """A command line not seen before: the model files it names, each as the last start of
-        any command line made it (its file record: context and chat head), else weights only."""
+    def _guess(self, argv: Sequence[str], cwd: str, env: dict[str, str]) -> list[Weights]:
+        """A command line not seen before: the model files it names, and those its model names
+        (or, naming none, the default model) resolved to at a start here; each as the last start
+        of any command line had it (its file record: context and chat head), else weights only."""
+        named = gguf_words(argv, cwd)
+        named += [w.path for word in argv if not word.startswith("-")
+                  for w in self._read_at(name_key(word, cwd, env))]
+        if not named and not _positional(argv[1:]):  # `serve` and options only: the default model
+            named = [w.path for w in self._read_at(name_key(None, cwd, env))]
         todo: list[Weights] = []
-        for path in gguf_words(argv, cwd)[:MAX_GUESSES]:
+        for path in list(dict.fromkeys(named))[:MAX_GUESSES]:
             file_id = _identity(path)
             if file_id is not None:
-                known = [w for w in self._read(file_key(path, file_id)) if w.file_id == file_id]
+                known = [w for w in self._read_at(file_key(path, file_id)) if w.file_id == file_id]
                 todo.append(known[0] if known else Weights(path, 0, file_id))  # 0: a quiet build's
                 self._guessed.add(path)
         return todo
+
+    def note_name(self, name: str | None, path: str) -> None:
+        """The file a model name given at start (None: the default model) resolved to; recorded
+        by `finish` where this start loaded it, for a command line never run that names it."""
+        with self._lock:
+            if self._key is not None and not self._finished:
+                self._names.append((name, path))
 
     def _run(self, todo: list[Weights]) -> None:
         primes: list[tuple[LlamaContext, tuple[int, ...]]] = []  # after every load: none waits
@@ -354,34 +346,22 @@ class EarlyWeights:
             if not isinstance(got, BaseException):
                 got.close()
         if key is not None and seen and seen != self._recorded:
-            self._write(key, seen)
+            self._write_at(key, seen)
         for w in seen:  # what another command line naming the file guesses (_guess)
-            if w.context is not None and self._read(file_key(w.path, w.file_id)) != [w]:
-                self._write(file_key(w.path, w.file_id), [w])
+            if w.context is not None:
+                self._write_at(file_key(w.path, w.file_id), [w])
+        cwd, env = self._where
+        for name, path in self._names if key is not None else ():  # ... or naming the model
+            loads = [Weights(w.path, w.n_gpu_layers, w.file_id) for w in seen if w.path == path]
+            if loads:
+                self._write_at(name_key(name, cwd, env), loads[:1])
 
-    def _read(self, key: str) -> list[Weights]:
-        try:
-            data = json.loads((self.root / f"{key}.json").read_text())
-            if data.get("version") != RECORD_VERSION:
-                return []
-            return [Weights(m["path"], int(m["n_gpu_layers"]), tuple(m["file_id"]), m.get("context"),
-                            tuple(int(t) for t in m.get("head", ())))
-                    for m in data["models"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            return []  # none yet, or unreadable: this start records anew
 
-    def _write(self, key: str, seen: list[Weights]) -> None:
-        body = {"version": RECORD_VERSION, "models": [
-            {"path": w.path, "n_gpu_layers": w.n_gpu_layers, "file_id": list(w.file_id), "context": w.context,
-             "head": list(w.head)} for w in seen]}
-        path = self.root / f"{key}.json"
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(body))
-            os.replace(tmp, path)  # two servers starting at once each leave a whole record
-        except OSError as exc:
-            log.debug("start record not written: %s", exc)
+    def _read_at(self, key: str) -> list[Weights]:
+        return read_record(self.root, key)
+
+    def _write_at(self, key: str, loads: list[Weights]) -> None:
+        write_record(self.root, key, loads)
 
 
 EARLY = EarlyWeights()  # this process's: cli.py begins it, Residency.open takes from it, serve finishes it
