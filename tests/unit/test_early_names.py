@@ -4,7 +4,10 @@ context its file record holds (runtime/llama/early.py, start_records.py)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from edge.runtime.llama.early import EarlyWeights
 from edge.runtime.llama.start_records import name_key, read_record
@@ -37,13 +40,16 @@ def test_a_new_command_line_naming_a_model_loads_the_file_that_name_had(tmp_path
     assert loader.made[0].closed is False  # handed over, not a leftover
 
 
-def test_a_new_command_line_naming_no_model_loads_the_default_models_file(tmp_path: Path) -> None:
+def test_a_new_command_line_naming_no_model_loads_the_default_models_file(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root, path = tmp_path / "starts", _model(tmp_path, "default.gguf")
     _start(root, ["serve"], {None: path}, [path])
     loader = _Loader()
     early = _early(root, loader)
     assert early.begin(["serve", "--port", "9000"], "/srv", ENV) == 1
-    ctx = early.context(early.open(path, 0), CFG)
+    with caplog.at_level(logging.INFO, logger="edge.engine"):
+        ctx = early.context(early.open(path, 0), CFG)
+    assert "default.gguf loaded early, beside the start's imports (the default model here)" in caplog.text
     assert early.handed_over == early.contexts_handed_over == 1 and ctx.thread == "edge-early-load"
     early.finish()
 

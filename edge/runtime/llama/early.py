@@ -150,7 +150,7 @@ class EarlyWeights:
         self._late: list[threading.Thread] = []  # primings of a start nothing was primed for (note_head)
         self._where: tuple[str, dict[str, str]] = ("", {})  # begin()'s directory and environment
         self._names: list[tuple[str | None, str]] = []  # note_name()
-        self._guessed: set[str] = set()  # early loads of files named on a command line not seen
+        self._guessed: dict[str, str] = {}  # path -> why, early loads for a command line not seen
         self.handed_over = 0  # early loads taken by open() (logs, tests)
         self.contexts_handed_over = 0  # early contexts taken by context()
 
@@ -182,15 +182,16 @@ class EarlyWeights:
         named = gguf_words(argv, cwd)
         named += [w.path for word in argv if not word.startswith("-")
                   for w in self._read_at(name_key(word, cwd, env))]
+        why = "named on the command line"
         if not named and not _positional(argv[1:]):  # `serve` and options only: the default model
-            named = [w.path for w in self._read_at(name_key(None, cwd, env))]
+            named, why = [w.path for w in self._read_at(name_key(None, cwd, env))], "the default model here"
         todo: list[Weights] = []
         for path in list(dict.fromkeys(named))[:MAX_GUESSES]:
             file_id = _identity(path)
             if file_id is not None:
                 known = [w for w in self._read_at(file_key(path, file_id)) if w.file_id == file_id]
                 todo.append(known[0] if known else Weights(path, 0, file_id))  # 0: a quiet build's
-                self._guessed.add(path)
+                self._guessed[path] = why
         return todo
 
     def note_name(self, name: str | None, path: str) -> None:
@@ -291,8 +292,7 @@ class EarlyWeights:
             got = self._early.pop((path, n_gpu_layers), None)
         if got is not None and not isinstance(got, BaseException) and got.same_file():
             self.handed_over += 1
-            why = "named on the command line" if path in self._guessed else \
-                "the last start with this command line loaded them"
+            why = self._guessed.get(path, "the last start with this command line loaded them")
             log.info("weights of %s loaded early, beside the start's imports (%s)", Path(path).name, why)
             return got
         if got is not None and not isinstance(got, BaseException):
