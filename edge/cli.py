@@ -55,6 +55,14 @@ def command_named(argv: list[str]) -> str | None:
     return word if word in COMMAND_MODULES else None
 
 
+def _gguf_checked(path: str) -> None:
+    """edge's GGUF checks (cached per file), which the host runs before any load: the early thread
+    runs them first on a file no start has loaded (runtime/llama/early.py)."""
+    from edge.gguf.validate import validated
+
+    validated(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     command = command_named(words)
@@ -63,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         from edge.runtime.llama.early import EARLY
 
         START.pause()  # settled by serve once the load is done and the first requests ran
-        EARLY.begin(words)
+        EARLY.begin(words, check=_gguf_checked)
     parser = build_parser(command)
     args = parser.parse_args(argv)
     logging.basicConfig(

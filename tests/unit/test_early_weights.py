@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -231,14 +232,46 @@ def test_a_command_line_never_seen_loads_the_model_files_it_names_early(tmp_path
     root, a, b = tmp_path / "starts", _model(tmp_path, "a.gguf"), _model(tmp_path, "b.gguf")
     os.symlink(a, tmp_path / "link.GGUF")
     argv = ["serve", "a.gguf", "link.GGUF", "missing.gguf", "--draft-model=b.gguf", "--port", "1"]
-    loader = _Loader()
+    loader, checked = _Loader(), _Checker()
     early = _early(root, loader)
-    assert early.begin(argv, str(tmp_path), ENV) == 2
+    assert early.begin(argv, str(tmp_path), ENV, check=checked) == 2
     got = early.open(a, 0)
     assert got.thread == "edge-early-load" and early.handed_over == 1
     early.finish()
     assert [(c[0], c[2]) for c in loader.calls] == [(a, "edge-early-load"), (b, "edge-early-load")]
+    assert checked.calls == [(a, "edge-early-load"), (b, "edge-early-load")]  # each before its load
     assert [m.closed for m in loader.made] == [False, True]
+
+
+class _Checker:
+    """edge's GGUF checks as cli.py passes them: records (path, thread), refuses `bad`."""
+
+    def __init__(self, bad: str | None = None) -> None:
+        self.bad = bad
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, path: str) -> None:
+        self.calls.append((path, threading.current_thread().name))
+        if path == self.bad:
+            raise ValueError("invalid GGUF: repeated token")
+
+
+def test_a_file_no_start_loaded_that_fails_the_checks_never_reaches_llama_cpp_early(tmp_path: Path) -> None:
+    """llama.cpp aborts the process on some bad files: the host's checks refuse them with a reason,
+    and the early thread must not load one before they ran."""
+    root, bad = tmp_path / "starts", _model(tmp_path, "bad.gguf")
+    loader = _Loader()
+    early = _early(root, loader)
+    assert early.begin(["serve", bad], "/srv", ENV, check=_Checker(bad=bad)) == 1
+    early.finish()  # (the host refused it, so nobody opened it)
+    assert loader.calls == []
+
+
+def test_without_checks_only_files_a_start_loaded_load_early(tmp_path: Path) -> None:
+    root, path = tmp_path / "starts", _model(tmp_path)
+    loader = _Loader()
+    assert _early(root, loader).begin(["serve", path], "/srv", ENV) == 0
+    assert loader.calls == []
 
 
 def test_at_most_a_few_files_named_load_early(tmp_path: Path) -> None:
@@ -247,14 +280,15 @@ def test_at_most_a_few_files_named_load_early(tmp_path: Path) -> None:
     paths = [_model(tmp_path, f"m{i}.gguf") for i in range(MAX_GUESSES + 2)]
     loader = _Loader()
     early = _early(tmp_path / "starts", loader)
-    assert early.begin(["serve", *paths], str(tmp_path), ENV) == MAX_GUESSES
+    assert early.begin(["serve", *paths], str(tmp_path), ENV, check=_Checker()) == MAX_GUESSES
     early.finish()
     assert [c[0] for c in loader.calls] == paths[:MAX_GUESSES]
 
 
 def test_files_named_on_a_build_whose_loads_are_not_quiet_load_nothing_early(tmp_path: Path) -> None:
     path, loader = _model(tmp_path), _Loader()
-    assert _early(tmp_path / "starts", loader, quiet=False).begin(["serve", path], "/srv", ENV) == 0
+    assert _early(tmp_path / "starts", loader, quiet=False).begin(["serve", path], "/srv", ENV,
+                                                                  check=_Checker()) == 0
     assert loader.calls == []
 
 
@@ -267,3 +301,27 @@ def test_the_command_line_parser_loads_no_native_library() -> None:
     code = "import sys, edge.cli; edge.cli.build_parser(None); print('llama_cpp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_serve_hands_the_early_thread_edges_gguf_checks(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli.main begins the early loads with the checks the host runs before a load: a file whose
+    vocabulary repeats a token (llama.cpp GGML_ASSERTs on it) is refused with the reason."""
+    from edge import cli
+    from edge.errors import InvalidGGUF
+    from edge.gcpause import START
+    from edge.runtime.llama.early import EARLY
+    from tests.ggufgen import ARRAY, STRING, RawGGUF
+
+    began: list[object] = []
+    monkeypatch.setattr(EARLY, "begin", lambda words, check=None: began.append(check) or 0)
+    monkeypatch.setattr(START, "pause", lambda: None)  # this test process keeps its collector
+    monkeypatch.setattr(sys, "argv", ["edge", "serve", "--help"])
+    with pytest.raises(SystemExit):
+        cli.main()
+    (check,) = began
+    g = RawGGUF.minimal()
+    g.kvs[-1] = ("tokenizer.ggml.tokens", ARRAY, (STRING, ["a", "b", "a"]))
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(InvalidGGUF, match="repeats an earlier entry"):
+        check(str(g.write(tmp_path / "dup.gguf")))  # type: ignore[operator]

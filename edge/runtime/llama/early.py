@@ -94,6 +94,7 @@ def _load_weights(path: str, n_gpu_layers: int) -> LlamaModel:
 
 
 ContextMaker = Callable[["LlamaModel", dict[str, Any]], "LlamaContext"]
+Checker = Callable[[str], object]
 Primer = Callable[["LlamaContext", tuple[int, ...], threading.Event, bool], object]
 
 
@@ -150,6 +151,8 @@ class EarlyWeights:
         self._late: list[threading.Thread] = []  # primings of a start nothing was primed for (note_head)
         self._where: tuple[str, dict[str, str]] = ("", {})  # begin()'s directory and environment
         self._names: list[tuple[str | None, str]] = []  # note_name()
+        self._check: Checker | None = None  # begin()'s
+        self._unchecked: set[str] = set()  # guessed files no start loaded: `_check`ed before loading
         self._guessed: dict[str, str] = {}  # path -> why, early loads for a command line not seen
         self.handed_over = 0  # early loads taken by open() (logs, tests)
         self.contexts_handed_over = 0  # early contexts taken by context()
@@ -158,10 +161,15 @@ class EarlyWeights:
     def root(self) -> Path:
         return self._root or cache_dir() / "starts"
 
-    def begin(self, argv: Sequence[str], cwd: str | None = None, env: dict[str, str] | None = None) -> int:
-        """Start the loads the last start with this command line made; how many started."""
+    def begin(self, argv: Sequence[str], cwd: str | None = None, env: dict[str, str] | None = None,
+              check: Checker | None = None) -> int:
+        """Start the loads the last start with this command line made, or those `_guess` finds;
+        how many started. `check` raises for a file edge's GGUF checks refuse (edge.gguf, above
+        the runtime): a file no start loaded is checked first on the early thread, and without
+        `check` it does not load early at all (llama.cpp aborts the process on some bad files)."""
         if SKIP_FLAGS.intersection(argv):
             return 0
+        self._check = check
         cwd = cwd or os.getcwd()
         env = dict(os.environ) if env is None else env
         self._key, self._where = start_key(argv, cwd, env), (cwd, env)
@@ -190,8 +198,12 @@ class EarlyWeights:
             file_id = _identity(path)
             if file_id is not None:
                 known = [w for w in self._read_at(file_key(path, file_id)) if w.file_id == file_id]
+                if not known and self._check is None:
+                    continue  # never loaded by a start, and nothing here to check it with
                 todo.append(known[0] if known else Weights(path, 0, file_id))  # 0: a quiet build's
                 self._guessed[path] = why
+                if not known:
+                    self._unchecked.add(path)
         return todo
 
     def note_name(self, name: str | None, path: str) -> None:
@@ -205,6 +217,8 @@ class EarlyWeights:
         primes: list[tuple[LlamaContext, tuple[int, ...]]] = []  # after every load: none waits
         for w in todo:
             try:
+                if w.path in self._unchecked and self._check is not None:
+                    self._check(w.path)  # raises for a file the host will refuse before it loads
                 got: LlamaModel | BaseException = self._loader(w.path, w.n_gpu_layers)
             except BaseException as exc:  # handed to open(), which loads again and reports it
                 got = exc
