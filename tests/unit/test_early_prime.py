@@ -82,6 +82,15 @@ def _restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, primer: _Primer,
     return early, path
 
 
+def _gated_restart(tmp_path: Path,
+                   monkeypatch: pytest.MonkeyPatch) -> tuple[EarlyWeights, str, threading.Event, _Primer]:
+    """`_restart` with a primer that waits for the returned gate: (early, model path, gate, primer)."""
+    gate = threading.Event()
+    primer = _Primer(gate)
+    early, path = _restart(tmp_path, monkeypatch, primer)
+    return early, path, gate, primer
+
+
 def _recorded_start(root: Path, path: str, monkeypatch: pytest.MonkeyPatch,
                     head: tuple[int, ...] = HEAD) -> None:
     """A first start: loads, makes its context and notes the template's head (Residency.install)."""
@@ -114,9 +123,7 @@ def test_the_head_is_recorded_and_primed_by_the_next_start_on_the_early_thread(
 
 def test_the_context_is_handed_over_while_it_is_primed_and_hurry_cuts_the_priming_short(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    gate = threading.Event()
-    primer = _Primer(gate)
-    early, path = _restart(tmp_path, monkeypatch, primer)
+    early, path, gate, primer = _gated_restart(tmp_path, monkeypatch)
     ctx = early.context(early.open(path, 0), CFG)  # handed over with the primer still at work
     assert ctx.held is not None and not ctx.held.is_set() and not primer.done.is_set()
     early.hurry()  # serve's API is imported
@@ -137,9 +144,7 @@ def test_a_priming_that_fails_leaves_an_empty_context_that_still_serves(
 
 def test_an_early_context_freed_unused_waits_for_its_priming(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    gate = threading.Event()
-    primer = _Primer(gate)
-    early, path = _restart(tmp_path, monkeypatch, primer)
+    early, path, gate, primer = _gated_restart(tmp_path, monkeypatch)
     model = early.open(path, 0)
     dropping = threading.Thread(target=early.drop_context, args=(model,))
     dropping.start()  # _Ctx.close waits for the priming's release, and asserts that it came
@@ -230,9 +235,7 @@ def test_a_first_start_whose_api_is_imported_already_primes_nothing(
 
 def test_a_context_primed_or_being_primed_early_is_not_primed_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    gate = threading.Event()
-    primer = _Primer(gate)
-    early, path = _restart(tmp_path, monkeypatch, primer)
+    early, path, gate, primer = _gated_restart(tmp_path, monkeypatch)
     model = early.open(path, 0)
     ctx = early.context(model, CFG)
     early.note_head(model, template=object(), ctx=ctx)  # type: ignore[arg-type]  # still priming early

@@ -174,7 +174,7 @@ class EarlyWeights:
         env = dict(os.environ) if env is None else env
         self._key, self._where = start_key(argv, cwd, env), (cwd, env)
         atexit.register(self._join)  # a start that fails first exits with no load or priming mid-flight
-        self._recorded = self._read_at(self._key)
+        self._recorded = read_record(self.root, self._key)
         todo = [w for w in self._recorded if _identity(w.path) == w.file_id] or self._guess(argv, cwd, env)
         if not todo or not self._quiet_here():
             return 0
@@ -189,15 +189,16 @@ class EarlyWeights:
         of any command line had it (its file record: context and chat head), else weights only."""
         named = gguf_words(argv, cwd)
         named += [w.path for word in argv if not word.startswith("-")
-                  for w in self._read_at(name_key(word, cwd, env))]
+                  for w in read_record(self.root, name_key(word, cwd, env))]
         why = "named on the command line"
         if not named and not _positional(argv[1:]):  # `serve` and options only: the default model
-            named, why = [w.path for w in self._read_at(name_key(None, cwd, env))], "the default model here"
+            named = [w.path for w in read_record(self.root, name_key(None, cwd, env))]
+            why = "the default model here"
         todo: list[Weights] = []
         for path in list(dict.fromkeys(named))[:MAX_GUESSES]:
             file_id = _identity(path)
             if file_id is not None:
-                known = [w for w in self._read_at(file_key(path, file_id)) if w.file_id == file_id]
+                known = [w for w in read_record(self.root, file_key(path, file_id)) if w.file_id == file_id]
                 if not known and self._check is None:
                     continue  # never loaded by a start, and nothing here to check it with
                 todo.append(known[0] if known else Weights(path, 0, file_id))  # 0: a quiet build's
@@ -360,22 +361,15 @@ class EarlyWeights:
             if not isinstance(got, BaseException):
                 got.close()
         if key is not None and seen and seen != self._recorded:
-            self._write_at(key, seen)
+            write_record(self.root, key, seen)
         for w in seen:  # what another command line naming the file guesses (_guess)
             if w.context is not None:
-                self._write_at(file_key(w.path, w.file_id), [w])
+                write_record(self.root, file_key(w.path, w.file_id), [w])
         cwd, env = self._where
-        for name, path in self._names if key is not None else ():  # ... or naming the model
+        for name, path in self._names:  # ... or naming the model (noted only with a key)
             loads = [Weights(w.path, w.n_gpu_layers, w.file_id) for w in seen if w.path == path]
             if loads:
-                self._write_at(name_key(name, cwd, env), loads[:1])
-
-
-    def _read_at(self, key: str) -> list[Weights]:
-        return read_record(self.root, key)
-
-    def _write_at(self, key: str, loads: list[Weights]) -> None:
-        write_record(self.root, key, loads)
+                write_record(self.root, name_key(name, cwd, env), loads[:1])
 
 
 EARLY = EarlyWeights()  # this process's: cli.py begins it, Residency.open takes from it, serve finishes it
