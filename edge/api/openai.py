@@ -45,6 +45,7 @@ from edge.api.logprobs import chat_logprobs, completion_logprobs
 from edge.api.reasoning import ask_openai, plan_thinking, usage_details
 from edge.api.respond import INLINE_WORK_BYTES as INLINE_WORK_BYTES
 from edge.api.respond import json_body as _json_body
+from edge.api.routes import path_doc
 from edge.api.schemas import ChatCompletionRequest, CompletionRequest, parse_body, request_body_doc
 from edge.api.sse import error_chunk as _error_chunk
 from edge.api.sse import respond as _respond
@@ -306,13 +307,15 @@ def _cards(st: ApiState) -> list[dict[str, Any]]:
     return [_model_card(st.view_of(ref, live.get(ref.key)), ref.key in live) for ref in st.host.names.all()]
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=None)
 async def list_models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": _cards(_state(request))}
 
 
-@router.get("/v1/models/{model_id:path}")
-async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+@router.get("/v1/models/{model_id:path}", response_model=None,
+            openapi_extra=path_doc("model_id", "a model name or alias"))
+async def get_model(request: Request) -> dict[str, Any]:
     st = _state(request)
+    model_id: str = request.path_params["model_id"]
     key = st.resolve_name(model_id)
     return next(c for c in _cards(st) if c["id"] == key)

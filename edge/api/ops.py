@@ -15,6 +15,7 @@ from edge import __version__
 from edge.api.build import running
 from edge.api.health_probe import probe
 from edge.api.reasoning import status as reasoning_status
+from edge.api.routes import query_doc
 from edge.api.state import ApiState
 
 router = APIRouter()
@@ -40,16 +41,17 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-@router.get("/health")
+@router.get("/health", response_model=None)
 async def health() -> dict[str, str]:
     """Liveness: the process answers. Readiness is /ready."""
     return {"status": "ok"}
 
 
-@router.get("/health/inference")
-async def health_inference(request: Request, model: str | None = None) -> Response:
+@router.get("/health/inference", openapi_extra=query_doc("model", "the model to probe (default: the first)"))
+async def health_inference(request: Request) -> Response:
     """A real one-token generation (api/health_probe.py): 200 with its milliseconds, or 503."""
     st = _state(request)
+    model = request.query_params.get("model")
     result = st.probes.add(await probe(st, request, model, st.settings.probe_timeout_s))
     return JSONResponse(result.to_json(), status_code=200 if result.ok else 503,
                         headers={} if result.ok else {"Retry-After": "1"})
@@ -86,7 +88,7 @@ async def metrics(request: Request) -> Response:
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/status")
+@router.get("/v1/status", response_model=None)
 async def status(request: Request) -> dict[str, Any]:
     st = _state(request)
     r = st.readiness_report()

@@ -3,7 +3,10 @@ does not need after its start, or as soon as a request asks for one of them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -60,6 +63,30 @@ def test_the_openapi_document_describes_the_late_routes_too() -> None:
     app = _late_app()
     paths = TestClient(app).get("/openapi.json").json()["paths"]
     assert {"/api/chat", "/v1/responses", "/v1/embeddings", "/v1/chat/completions"} <= set(paths)
+
+
+def test_the_routes_before_the_first_answer_build_no_pydantic_field() -> None:
+    """A typed parameter or a response model makes FastAPI build a pydantic field at start, and
+    the first one imports pydantic.v1: 30-35 ms of every `edge serve` start (api/routes.py)."""
+    code = ("import sys; from edge.api.app import create_app; from edge.config import Settings; "
+            "from tests.fakes import ScriptedEngine; e = ScriptedEngine(); e.start(); "
+            "create_app(Settings(), e, api_key='', late_routes=True); print('pydantic.v1' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_parameters_read_from_the_request_are_documented_and_work() -> None:
+    app = _late_app()
+    client = TestClient(app)
+    paths = client.get("/openapi.json").json()["paths"]
+    model_param = paths["/v1/models/{model_id}"]["get"]["parameters"]
+    assert [(p["name"], p["in"], p["required"]) for p in model_param] == [("model_id", "path", True)]
+    probe_param = paths["/health/inference"]["get"]["parameters"]
+    assert [(p["name"], p["in"], p["required"]) for p in probe_param] == [("model", "query", False)]
+    assert client.get(f"/v1/models/{M}").json()["id"] == M
+    missing = client.get("/health/inference", params={"model": "no-such-model"})
+    assert missing.status_code == 404 and "no-such-model" in missing.json()["error"]["message"]
 
 
 def test_include_from_two_threads_adds_each_route_once() -> None:
