@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge.gguf.reader import parse_gguf
-from edge.gguf.validate import KNOWN_TYPES
+from edge.gguf.validate import known_types
 
 T_STRING, T_ARRAY = 8, 9
 SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -114,7 +114,7 @@ def _value_len(buf: bytes | mmap.mmap, pos: int, vtype: int) -> tuple[int, int |
 def read_layout(path: Path) -> Layout:
     """Map a valid file: tensors from edge's own reader, key/value positions by walking them."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        raw = parse_gguf(buf, len(buf), str(path), KNOWN_TYPES)
+        raw = parse_gguf(buf, len(buf), str(path), known_types())
         n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
         kvs: list[KVField] = []
         pos = 24
@@ -250,7 +250,8 @@ def _mutate_tensor(rng: random.Random, lay: Layout) -> Mutation:
         patches = tuple((t.dim_pos(d), _u64(v)) for d in range(t.n_dims))
         return Mutation("tensor.dims_overflow", f"{where} every dim -> {v}", patches)
     if part == "type":
-        v = rng.choice([4, 5, 31, 36, 42, 99, 0xFFFFFFFF, rng.choice(list(KNOWN_TYPES)), rng.getrandbits(32)])
+        known = list(known_types())
+        v = rng.choice([4, 5, 31, 36, 42, 99, 0xFFFFFFFF, rng.choice(known), rng.getrandbits(32)])
         return Mutation("tensor.type", f"{where} ggml type {t.ggml_type} -> {v}", ((t.type_pos, _u32(v)),))
     return _mutate_offset(rng, lay, i)
 

@@ -5,14 +5,23 @@ yaml: ~40 ms of `edge serve`'s start on a 2-core VM) for the three tables edge r
 (quantization block sizes, their names, file types). `constants.py` imports nothing but the
 standard library, so it is loaded on its own, from the installed package's own file: gguf-py
 stays the one source of those tables. Where `gguf` is already imported, its module is used.
+
+The module is executed on first use of a table (PEP 562), not when edge.gguf is imported: its
+enums of architectures and tensor names take 11-17 ms to build, and a start whose model files
+were checked before (checked.py) reads none of the tables.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+_NAMES = ("GGML_QUANT_SIZES", "GGMLQuantizationType", "LlamaFileType")
+_LOCK = threading.Lock()
 
 
 def _load() -> ModuleType:
@@ -30,7 +39,12 @@ def _load() -> ModuleType:
     return module
 
 
-_constants = _load()
-GGML_QUANT_SIZES: dict = _constants.GGML_QUANT_SIZES
-GGMLQuantizationType = _constants.GGMLQuantizationType
-LlamaFileType = _constants.LlamaFileType
+def __getattr__(name: str) -> Any:
+    """The tables, from gguf-py's module, loaded once on first use of any of them."""
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _LOCK:
+        if name not in globals():
+            module = _load()
+            globals().update({n: getattr(module, n) for n in _NAMES})
+    return globals()[name]

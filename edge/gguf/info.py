@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge.errors import InvalidGGUF
-from edge.gguf.constants import LlamaFileType
+from edge.gguf import constants
 from edge.gguf.reader import KEEP_STRING_BYTES_MAX, GGUFArray, RawGGUF, SkippedString, shown
 from edge.kvcache import KV_CACHE_TYPES
 
@@ -358,6 +358,6 @@ def _tensor_infos(raw: RawGGUF, sizes: list[int], type_names: dict[int, str]) ->
 def _file_type(ft: int | None) -> str | None:
     """`general.file_type` as llama.cpp's name for it (e.g. MOSTLY_Q4_1); unknown values kept."""
     try:
-        return LlamaFileType(ft).name if ft is not None else None
+        return constants.LlamaFileType(ft).name if ft is not None else None
     except ValueError:
         return f"UNKNOWN_{ft}"

@@ -11,6 +11,7 @@ milliseconds (~0.15 s with a 262k-token vocabulary, whose tokens must be unique)
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import threading
@@ -19,20 +20,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge.errors import InvalidGGUF, ModelNotFound
+from edge.gguf import constants
 from edge.gguf.checked import CheckedFiles, identity_key
-from edge.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from edge.gguf.info import GGUFInfo, build_info
 from edge.gguf.reader import RawGGUF, RawTensor, parse_gguf, shown
 
-# ggml type id → (name, block size, bytes per block), from the gguf package.
-KNOWN_TYPES: dict[int, tuple[str, int, int]] = {
-    int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType if t in GGML_QUANT_SIZES
-}
+
+@functools.cache
+def known_types() -> dict[int, tuple[str, int, int]]:
+    """ggml type id → (name, block size, bytes per block), from the gguf package's tables."""
+    sizes = constants.GGML_QUANT_SIZES
+    return {int(t): (t.name, *sizes[t]) for t in constants.GGMLQuantizationType if t in sizes}
 
 
 def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
     """Bytes of a tensor: rows of shape[0] elements packed in blocks (as ggml_nbytes)."""
-    _, block_size, type_size = KNOWN_TYPES[ggml_type]
+    _, block_size, type_size = known_types()[ggml_type]
     n_elems = 1
     for d in shape:
         n_elems *= d
@@ -135,13 +138,13 @@ def validate_gguf(
         except (OSError, ValueError) as exc:
             raise InvalidGGUF(str(p), f"cannot map file: {exc}") from None
         try:
-            raw = parse_gguf(buf, size, str(p), KNOWN_TYPES)
+            raw = parse_gguf(buf, size, str(p), known_types())
         finally:
             buf.close()
     finally:
         os.close(fd)
     sizes = _check_layout(raw, str(p))
-    return build_info(raw, str(p), sizes, {k: v[0] for k, v in KNOWN_TYPES.items()})
+    return build_info(raw, str(p), sizes, {k: v[0] for k, v in known_types().items()})
 
 
 def _mmap_readonly(fd: int, size: int) -> mmap.mmap:
