@@ -105,11 +105,11 @@ def _make_context(model: LlamaModel, config: dict[str, Any]) -> LlamaContext:
 
 
 def _prime(ctx: LlamaContext, head: tuple[int, ...], stop: threading.Event, first_chunk: bool) -> object:
-    """A first start's priming (no first chunk) races serve's imports to `ready`: its chunks are
-    half as long, so the one running when serve hurries delays `ready` half as much."""
-    from edge.runtime.llama.prime import CHUNK_TOKENS, prime
+    """The head into `ctx`, in prime.py's chunks; a first start's (no first chunk) stops at once
+    when serve has already hurried."""
+    from edge.runtime.llama.prime import prime
 
-    return prime(ctx, head, stop, CHUNK_TOKENS if first_chunk else CHUNK_TOKENS // 2, first_chunk)
+    return prime(ctx, head, stop, first_chunk=first_chunk)
 
 
 def _quiet_here() -> bool:
