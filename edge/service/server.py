@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from edge.api.sse import warm_first_answer
 from edge.api.state import ApiState
 from edge.runtime.types import EngineLike, EngineState
 from edge.service.agent import AgentServer
@@ -78,6 +79,8 @@ class EdgeServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if self.engine.state is not EngineState.READY:
+            warm_first_answer()  # the loop is idle until the model is in: the first answer's imports
         if self.agent is not None and not self.should_exit:
             try:
                 await self.agent.start()

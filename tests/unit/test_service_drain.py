@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
+
+import pytest
 
 from edge.api.state import ServerState
 from edge.clock import ManualClock
 from edge.runtime.types import EngineState, FinishReason, GenerationRequest
+from edge.service import server as server_mod
 from edge.service.drain import drain
 from edge.service.notify import Notifier
 from edge.service.server import EdgeServer, make_config
@@ -147,3 +152,31 @@ def test_engine_failure_exits_non_zero() -> None:
         assert any("failed" in m for m in n.sent)
 
     asyncio.run(main())
+
+
+def test_the_first_answer_is_warmed_while_the_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Startup imports what the first streamed answer needs while the engine still loads (the
+    loop is idle then), and leaves it to that answer once the engine is ready."""
+    warmed: list[EngineState] = []
+
+    async def main(state: EngineState) -> None:
+        server, engine, _ = _server()
+        engine.set_state(state)
+        monkeypatch.setattr(server_mod, "warm_first_answer", lambda: warmed.append(engine.state))
+        server.config.load()  # what uvicorn's Server._serve does before startup (port 0: any free one)
+        server.lifespan = server.config.lifespan_class(server.config)
+        await server.startup()
+        await server.shutdown()
+
+    asyncio.run(main(EngineState.LOADING))
+    asyncio.run(main(EngineState.READY))
+    assert warmed == [EngineState.LOADING]
+
+
+def test_warming_loads_anyios_asyncio_backend() -> None:
+    code = ("import asyncio, sys\nfrom edge.api.sse import warm_first_answer\n"
+            "before = 'anyio._backends._asyncio' in sys.modules\n"
+            "async def main():\n    warm_first_answer()\n"
+            "asyncio.run(main())\nprint(before, 'anyio._backends._asyncio' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
