@@ -51,7 +51,7 @@ def test_a_chat_after_its_primed_head_computes_what_the_whole_prompt_does(smollm
         got.join()
         assert primed.primed == head
         assert llama_cpp.llama_n_threads(primed.ptr) == 2  # its own threads again
-        primed.warm_up(model)  # the engine thread's first decode: after the head, then removed
+        primed.warm_up(model)  # nothing: the priming warmed the context
         assert primed.primed == head and primed.seq_pos_max(0) == len(head) - 1
         rest = _logits(model, primed, prompt[len(head):], len(head))
         full = _logits(model, whole, prompt, 0)
@@ -100,9 +100,35 @@ def test_the_engine_may_take_the_context_while_another_thread_primes_it(smollm2_
 
         thread = threading.Thread(target=primer)
         thread.start()
-        ctx.warm_up(model)  # the engine thread's first decode: after the whole head
+        ctx.warm_up(model)  # waits for the priming (and then decodes nothing after it)
         thread.join()
         assert ctx.primed == head and ctx.seq_pos_max(0) == len(head) - 1
     finally:
         ctx.close()
+        model.close()
+
+
+def test_a_primed_context_is_not_warmed_up_again(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The priming's decodes ran every layer: a warm-up after them only delayed `ready`."""
+    decodes: list[int] = []
+    real = Batch.decode
+
+    def counting(self: Batch, ctx_ptr: object) -> int:
+        decodes.append(self.n)
+        return real(self, ctx_ptr)
+
+    monkeypatch.setattr(Batch, "decode", counting)
+    model = LlamaModel(str(smollm2_path), n_gpu_layers=0)
+    head = chat_head(_template(model), model)
+    primed, cold = LlamaContext(model, CFG), LlamaContext(model, CFG)
+    try:
+        prime(primed, head)
+        decodes.clear()
+        primed.warm_up(model)
+        assert decodes == [] and primed.seq_pos_max(0) == len(head) - 1
+        cold.warm_up(model)
+        assert len(decodes) == 1 and cold.seq_pos_max(0) == -1  # decoded once, then forgotten
+    finally:
+        primed.close()
+        cold.close()
         model.close()

@@ -295,16 +295,19 @@ class LlamaContext:
     def warm_up(self, model: LlamaModel) -> None:
         """Decode BOS+EOS once and forget it, as llama.cpp's common init and server do: the
         first real request then does not pay for first-touch page faults of the weights, the
-        OpenMP thread pool start and one-time backend allocations. Tokens primed into sequence 0
-        stay: the warm-up decodes after them and removes only its own."""
+        OpenMP thread pool start and one-time backend allocations. A context holding a primed
+        chat head (prime.py) is warm already: those decodes ran every layer. A warm-up after them
+        cost a SmolLM2 start 18-24 ms with the cores free and 90-150 ms beside the start's imports
+        (two threads, one core), and a first 7-token prompt took as long without it."""
         self.settle()
+        if self.primed:
+            return
         toks = [t for t in (model.bos_id, model.eos_id) if 0 <= t < model.n_vocab] or [0]
         from edge.runtime.llama.batch import Batch
 
         batch = Batch(len(toks))
-        n_kept = len(self.primed)
         try:
-            batch.add_prompt(0, toks, n_kept, logits_last=True)
+            batch.add_prompt(0, toks, 0, logits_last=True)
             llama_cpp.llama_set_warmup(self.ptr, True)
             rc = batch.decode(self.ptr)
             if rc != 0:
@@ -313,8 +316,7 @@ class LlamaContext:
             llama_cpp.llama_set_warmup(self.ptr, False)
             batch.free()
         llama_cpp.llama_synchronize(self.ptr)
-        if not n_kept or not self.seq_rm(0, n_kept, -1):
-            self.clear()
+        self.clear()
 
     def synchronize(self) -> None:
         """Wait for the backend to finish this context's work (timings end here)."""
