@@ -98,12 +98,14 @@ class ModelStore:
         opener: Callable[..., Any] = urllib.request.urlopen,
         pip_runner: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
         validate: Callable[[Path], Any] | None = None,
+        keep: Callable[[Path, Any], None] | None = None,
     ) -> None:
         self.root = Path(root).expanduser().absolute()
         self.catalog = load_catalog() if catalog is None else catalog
         self._open = opener
         self._pip = pip_runner or run_pip
         self._validate = validate or _default_validate
+        self._keep = keep or _default_keep  # a pulled file's check, kept for its first start
 
     # --- queries -------------------------------------------------------
 
@@ -242,12 +244,13 @@ class ModelStore:
             part.unlink(missing_ok=True)
             raise ChecksumMismatch(source, sha256.lower(), actual)
         try:
-            self._validate(part)
+            info = self._validate(part)
         except EdgeError:
             part.unlink(missing_ok=True)
             raise
         final = self.root / filename
         os.replace(part, final)
+        self._keep(final, info)
         manifest = self._manifest()
         manifest[name] = {"file": filename, "sha256": actual, "source": source}
         self._write_manifest(manifest)
@@ -268,6 +271,15 @@ def _default_validate(path: Path) -> Any:
     from edge.gguf import validate_gguf
 
     return validate_gguf(path)
+
+
+def _default_keep(path: Path, info: Any) -> None:
+    """The download's check, kept for the file in the store (gguf/validate.keep_checked)."""
+    from edge.gguf import GGUFInfo
+    from edge.gguf.validate import keep_checked
+
+    if isinstance(info, GGUFInfo):
+        keep_checked(path, info)
 
 
 def store_for(settings: Settings) -> ModelStore:

@@ -11,6 +11,7 @@ milliseconds (~0.15 s with a 262k-token vocabulary, whose tokens must be unique)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import mmap
 import os
@@ -186,3 +187,13 @@ def validated(path: str | Path, kept: CheckedFiles | None = KEPT) -> GGUFInfo:
             _VALIDATED.popitem(last=False)
     return info
 
+
+
+def keep_checked(path: str | Path, info: GGUFInfo, kept: CheckedFiles = KEPT) -> GGUFInfo:
+    """Keep `info`, the check of a file that now lies at `path` (a pull's download, renamed into
+    the store), as `validated(path)` would: the model's first start does not walk its vocabulary
+    again (0.06-0.27 s of Python for the catalog's models, on the start's critical path)."""
+    p = Path(path)
+    here = dataclasses.replace(info, path=str(p))
+    kept.save(identity_key(p.resolve(), p.stat()), here)
+    return here

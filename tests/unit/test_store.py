@@ -106,6 +106,21 @@ def test_url_pull_verifies_sha_and_lists(server: _Server, tmp_path: Path) -> Non
     assert store.resolve("m") == path
 
 
+def test_a_pulled_file_is_not_checked_again_at_its_first_start(
+        server: _Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The download's check is kept for the file in the store, under its final name."""
+    from edge.gguf import validate as v
+    from edge.gguf.checked import CheckedFiles
+
+    kept = CheckedFiles(lambda: tmp_path / "cache")
+    store = ModelStore(tmp_path / "store", catalog={}, keep=lambda p, info: v.keep_checked(p, info, kept))
+    path = store.pull(f"{server.url}/m.gguf")
+    walked: list[str] = []
+    monkeypatch.setattr(v, "validate_gguf", lambda p: walked.append(str(p)))  # a walk would be seen
+    info = v.validated(path, kept)
+    assert walked == [] and info.path == str(path) and info.architecture == "llama"
+
+
 def test_interrupted_pull_leaves_nothing_usable_and_resumes(server: _Server, tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = ModelStore(root, catalog={})
