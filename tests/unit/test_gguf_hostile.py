@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 import time
 from pathlib import Path
@@ -19,8 +20,8 @@ import pytest
 
 from edge.cli import main
 from edge.errors import InvalidGGUF
-from edge.gguf import validate_gguf
-from edge.gguf.reader import SHOWN_CHARS_MAX, shown
+from edge.gguf import reader, validate_gguf
+from edge.gguf.reader import KEEP_ARRAY_VALUES_MAX, SHOWN_CHARS_MAX, shown
 from tests.ggufgen import ARRAY, FLOAT32, STRING, UINT32, RawGGUF
 
 
@@ -121,6 +122,39 @@ def _with_tokens(tokens: list[str | bytes]) -> RawGGUF:
 )
 def test_repeated_token_is_refused(tmp_path: Path, tokens: list[str | bytes], repeat: str) -> None:
     assert repeat in _rejected(_with_tokens(tokens), tmp_path / "v.gguf").reason
+
+
+def test_the_fast_walk_decides_as_the_checked_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """String arrays take a fast loop and whole-list checks first (reader._fast_end); random
+    vocabularies (repeats, empty tokens, NULs, a truncated last token) get the same verdict and
+    the same reason as from the element-by-element walk alone."""
+    rng = random.Random(7)
+    cases = []
+    for _ in range(200):
+        tokens: list[str | bytes] = [bytes(rng.choice(b"ab\0") for _ in range(rng.randint(0, 3)))
+                                     for _ in range(rng.randint(1, 12))]
+        g = _with_tokens(tokens)
+        n_merges = rng.choice((0, 2, KEEP_ARRAY_VALUES_MAX + 2))  # kept, or only walked
+        g.kvs.append(("tokenizer.ggml.merges", ARRAY, (STRING, [b"a b"] * n_merges)))
+        cases.append((g, rng.random() < 0.3))  # some files cut inside their last merge
+
+    def run() -> list[str]:
+        out = []
+        for i, (g, cut) in enumerate(cases):
+            path = g.write(tmp_path / f"{i}.gguf")
+            data = path.read_bytes()
+            if cut and (k := data.rfind(b"a b")) > 0:
+                path.write_bytes(data[: k + 1])
+            try:
+                out.append(f"ok {validate_gguf(path).n_vocab}")
+            except InvalidGGUF as exc:
+                out.append(exc.reason)
+        return out
+
+    fast = run()
+    monkeypatch.setattr(reader, "_fast_end", lambda cur, count, texts=None: None)
+    assert fast == run()
+    assert {o.split()[0] for o in fast} >= {"ok", "element", "file"}  # accepted, repeats, truncations
 
 
 def test_empty_tokens_may_repeat_and_other_arrays_may_too(tmp_path: Path) -> None:
