@@ -20,11 +20,13 @@ here, by PID; ports from `--port` up.
 An edge start reuses what the last start of the same command line recorded (early weights,
 context and chat head: runtime/llama/early.py). `--fresh starts` runs each edge start without
 the records of command lines (a command line never run here, naming a model file that ran
-before); `--fresh all` with an empty cache (a new machine).
+before); `--fresh pulled` with an empty cache but for edge's GGUF checks (a new machine where
+`edge pull` fetched the model: the store keeps the check it ran); `--fresh all` with an empty
+cache (a new machine, a model file copied in).
 
     .venv/bin/python scripts/bench_startup.py MODEL.gguf [MODEL.gguf ...] [--runs 3] [--threads 2]
         [--port 18500] [--llama-server .cache/llamacpp-tools/bin/llama-server]
-        [--repack auto|on|off] [--settle S] [--fresh none|starts|all]
+        [--repack auto|on|off] [--settle S] [--fresh none|starts|pulled|all]
         [--edge before=/tmp/old-tree --edge after=.]
 """
 
@@ -208,8 +210,8 @@ def table(runs: list[Run]) -> str:
 @contextlib.contextmanager
 def fresh_cache(kind: str) -> Iterator[dict[str, str]]:
     """The environment of an edge start under `--fresh`: a temporary EDGE_CACHE_DIR holding a copy
-    of this user's cache without its command lines' start records (starts), or nothing (all);
-    {} for none."""
+    of this user's cache without its command lines' start records (starts), only its GGUF checks
+    (pulled: a new machine where `edge pull` fetched the model), or nothing (all); {} for none."""
     if kind == "none":
         yield {}
         return
@@ -221,6 +223,8 @@ def fresh_cache(kind: str) -> Iterator[dict[str, str]]:
         if kind == "starts" and cache_dir().is_dir():  # starts/files/: what each model file last had
             shutil.copytree(cache_dir(), cache, ignore=lambda d, names: [
                 n for n in names if Path(d).name == "starts" and n.endswith(".json")])
+        if kind == "pulled" and (cache_dir() / "gguf-checked").is_dir():
+            shutil.copytree(cache_dir() / "gguf-checked", cache / "gguf-checked")
         yield {"EDGE_CACHE_DIR": str(cache)}
 
 
@@ -238,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--edge", action="append", default=[], metavar="LABEL=DIR",
                    help="an edge tree to run (its `edge` package under DIR; repeatable, interleaved; "
                    "default: this checkout)")
-    p.add_argument("--fresh", choices=("none", "starts", "all"), default="none",
+    p.add_argument("--fresh", choices=("none", "starts", "pulled", "all"), default="none",
                    help="each edge start as the first of its command line: without the command lines' "
-                   "start records (starts), or with no cache at all, as on a new machine (all)")
+                   "start records (starts), with only edge's GGUF checks, as after `edge pull` on a new "
+                   "machine (pulled), or with no cache at all (all)")
     p.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
                    help="ggml's repacked weight buffers for both targets "
                    "(auto: each its own default, llama-server --no-repack where the build has AMX kernels)")
