@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge.errors import InvalidGGUF
+from edge.gguf.strings import skip_strings, walk_unique_strings
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -217,7 +218,7 @@ def _read_array(cur: _Cursor, key: str, *, unique: bool = False) -> GGUFArray:
     keep = count <= KEEP_ARRAY_VALUES_MAX
     if etype == T_STRING:
         start = cur.pos
-        (_walk_unique_strings if unique else _skip_strings)(cur, count, key)
+        (walk_unique_strings if unique else skip_strings)(cur, count, key)
         if keep:
             cur.pos = start
             vals = tuple(cur.string_value(f"element {i} of array '{key}'") for i in range(count))
@@ -229,87 +230,6 @@ def _read_array(cur: _Cursor, key: str, *, unique: bool = False) -> GGUFArray:
         values = struct.unpack_from(f"<{count}{fmt[1]}", cur.buf, cur.pos)
     cur.pos += count * size
     return GGUFArray(name, count, values)
-
-
-def _skip_strings(cur: _Cursor, count: int, key: str) -> None:
-    """Walk `count` strings without decoding them (hot loop: 262k-entry vocabularies). A well-formed
-    array takes the fast loop; anything else is walked again, checking each element, for the
-    reason that names it."""
-    end = _fast_end(cur, count)
-    if end is not None:
-        cur.pos = end
-        return
-    buf, pos, end, unpack = cur.buf, cur.pos, cur.end, _U64.unpack_from
-    for i in range(count):
-        if pos + 8 > end:
-            cur.pos = pos
-            cur.need(8, f"length of element {i} of array '{key}'")
-        (n,) = unpack(buf, pos)
-        pos += 8
-        if n > end - pos:
-            raise cur.fail(
-                f"file truncated: element {i} of array '{key}' has length {n} "
-                f"but only {end - pos} bytes remain",
-                pos - 8,
-            )
-        pos += n
-    cur.pos = pos
-
-
-def _fast_end(cur: _Cursor, count: int, texts: list[bytes] | None = None) -> int | None:
-    """Where `count` length-prefixed strings from `cur.pos` end, by the shortest loop (a third of
-    the per-element checks' time); None when they do not fit before `cur.end`, for the checked
-    walk to say where. `texts` collects each string's bytes."""
-    buf, pos, unpack = cur.buf, cur.pos, _U64.unpack_from
-    try:
-        if texts is None:
-            for _ in range(count):
-                pos += 8 + unpack(buf, pos)[0]
-        else:
-            append = texts.append
-            for _ in range(count):
-                start = pos + 8
-                pos = start + unpack(buf, pos)[0]
-                append(buf[start:pos])
-    except (struct.error, OverflowError):  # a length ran past the buffer (or past any offset)
-        return None
-    return pos if pos <= cur.end else None
-
-
-def _walk_unique_strings(cur: _Cursor, count: int, key: str) -> None:
-    """`_skip_strings`, and no token repeats as llama.cpp reads it: up to its first NUL (a C
-    string), an empty one renamed "[EMPTY_i]". Its loader GGML_ASSERTs, killing the process, on a
-    repeat. A vocabulary of distinct tokens with no NUL (at most one of them empty) is told by
-    whole-list checks in C (a set, one join); any other is walked token by token, which accepts
-    or names the first repeat."""
-    texts: list[bytes] = []
-    end = _fast_end(cur, count, texts)
-    if end is not None and len(set(texts)) == count and 0 not in b"".join(texts):
-        cur.pos = end
-        return
-    buf, pos, end, unpack = cur.buf, cur.pos, cur.end, _U64.unpack_from
-    seen = set()
-    add = seen.add
-    for i in range(count):
-        if pos + 8 > end:
-            cur.pos = pos
-            cur.need(8, f"length of element {i} of array '{key}'")
-        (n,) = unpack(buf, pos)
-        if n > end - pos - 8:
-            raise cur.fail(
-                f"file truncated: element {i} of array '{key}' has length {n} "
-                f"but only {end - pos - 8} bytes remain",
-                pos,
-            )
-        text = buf[pos + 8 : pos + 8 + n]
-        if 0 in text:
-            text = text[: text.index(0)]
-        if text in seen:
-            raise cur.fail(f"element {i} of array '{key}' repeats an earlier entry {text!r:.60}", pos)
-        if text:
-            add(text)
-        pos += 8 + n
-    cur.pos = pos
 
 
 def _read_header(cur: _Cursor) -> tuple[int, int, int]:

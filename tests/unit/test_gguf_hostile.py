@@ -20,7 +20,7 @@ import pytest
 
 from edge.cli import main
 from edge.errors import InvalidGGUF
-from edge.gguf import reader, validate_gguf
+from edge.gguf import strings, validate_gguf
 from edge.gguf.reader import KEEP_ARRAY_VALUES_MAX, SHOWN_CHARS_MAX, shown
 from tests.ggufgen import ARRAY, FLOAT32, STRING, UINT32, RawGGUF
 
@@ -125,7 +125,7 @@ def test_repeated_token_is_refused(tmp_path: Path, tokens: list[str | bytes], re
 
 
 def test_the_fast_walk_decides_as_the_checked_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """String arrays take a fast loop and whole-list checks first (reader._fast_end); random
+    """String arrays take a fast loop and whole-list checks first (strings._fast_end); random
     vocabularies (repeats, empty tokens, NULs, a truncated last token) get the same verdict and
     the same reason as from the element-by-element walk alone."""
     rng = random.Random(7)
@@ -152,7 +152,7 @@ def test_the_fast_walk_decides_as_the_checked_walk(tmp_path: Path, monkeypatch: 
         return out
 
     fast = run()
-    monkeypatch.setattr(reader, "_fast_end", lambda cur, count, texts=None: None)
+    monkeypatch.setattr(strings, "_fast_end", lambda cur, count, texts=None: None)
     assert fast == run()
     assert {o.split()[0] for o in fast} >= {"ok", "element", "file"}  # accepted, repeats, truncations
 
