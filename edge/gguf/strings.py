@@ -9,6 +9,7 @@ not pass is walked element by element, which says which element is at fault.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,24 +23,32 @@ def skip_strings(cur: Cursor, count: int, key: str) -> None:
     array takes the fast loop; anything else is walked again, checking each element, for the
     reason that names it."""
     end = _fast_end(cur, count)
-    if end is not None:
+    if end is None:
+        for _ in _checked_elements(cur, count, key):
+            pass
+        return
+    cur.pos = end
+
+
+def walk_unique_strings(cur: Cursor, count: int, key: str) -> None:
+    """`skip_strings`, and no token repeats as llama.cpp reads it: up to its first NUL (a C
+    string), an empty one renamed "[EMPTY_i]". Its loader GGML_ASSERTs, killing the process, on a
+    repeat. A vocabulary of distinct tokens with no NUL (at most one of them empty) is told by
+    whole-list checks in C (a set, one join); any other is walked token by token, which accepts
+    or names the first repeat."""
+    texts: list[bytes] = []
+    end = _fast_end(cur, count, texts)
+    if end is not None and len(set(texts)) == count and 0 not in b"".join(texts):
         cur.pos = end
         return
-    buf, pos, end, unpack = cur.buf, cur.pos, cur.end, _U64.unpack_from
-    for i in range(count):
-        if pos + 8 > end:
-            cur.pos = pos
-            cur.need(8, f"length of element {i} of array '{key}'")
-        (n,) = unpack(buf, pos)
-        pos += 8
-        if n > end - pos:
-            raise cur.fail(
-                f"file truncated: element {i} of array '{key}' has length {n} "
-                f"but only {end - pos} bytes remain",
-                pos - 8,
-            )
-        pos += n
-    cur.pos = pos
+    seen: set[bytes] = set()
+    for i, start, text in _checked_elements(cur, count, key):
+        if 0 in text:
+            text = text[: text.index(0)]
+        if text in seen:
+            raise cur.fail(f"element {i} of array '{key}' repeats an earlier entry {text!r:.60}", start)
+        if text:
+            seen.add(text)
 
 
 def _fast_end(cur: Cursor, count: int, texts: list[bytes] | None = None) -> int | None:
@@ -62,20 +71,11 @@ def _fast_end(cur: Cursor, count: int, texts: list[bytes] | None = None) -> int 
     return pos if pos <= cur.end else None
 
 
-def walk_unique_strings(cur: Cursor, count: int, key: str) -> None:
-    """`skip_strings`, and no token repeats as llama.cpp reads it: up to its first NUL (a C
-    string), an empty one renamed "[EMPTY_i]". Its loader GGML_ASSERTs, killing the process, on a
-    repeat. A vocabulary of distinct tokens with no NUL (at most one of them empty) is told by
-    whole-list checks in C (a set, one join); any other is walked token by token, which accepts
-    or names the first repeat."""
-    texts: list[bytes] = []
-    end = _fast_end(cur, count, texts)
-    if end is not None and len(set(texts)) == count and 0 not in b"".join(texts):
-        cur.pos = end
-        return
+def _checked_elements(cur: Cursor, count: int, key: str) -> Iterator[tuple[int, int, bytes]]:
+    """(index, offset, bytes) of each of `count` strings from `cur.pos`, every length checked
+    against the end of the file (InvalidGGUF names the first that does not fit); `cur.pos` ends
+    after the last."""
     buf, pos, end, unpack = cur.buf, cur.pos, cur.end, _U64.unpack_from
-    seen = set()
-    add = seen.add
     for i in range(count):
         if pos + 8 > end:
             cur.pos = pos
@@ -87,12 +87,6 @@ def walk_unique_strings(cur: Cursor, count: int, key: str) -> None:
                 f"but only {end - pos - 8} bytes remain",
                 pos,
             )
-        text = buf[pos + 8 : pos + 8 + n]
-        if 0 in text:
-            text = text[: text.index(0)]
-        if text in seen:
-            raise cur.fail(f"element {i} of array '{key}' repeats an earlier entry {text!r:.60}", pos)
-        if text:
-            add(text)
+        yield i, pos, buf[pos + 8 : pos + 8 + n]
         pos += 8 + n
     cur.pos = pos

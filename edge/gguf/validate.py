@@ -188,7 +188,6 @@ def validated(path: str | Path, kept: CheckedFiles | None = KEPT) -> GGUFInfo:
     return info
 
 
-
 def keep_checked(path: str | Path, info: GGUFInfo, kept: CheckedFiles = KEPT) -> GGUFInfo:
     """Keep `info`, the check of a file that now lies at `path` (a pull's download, renamed into
     the store), as `validated(path)` would: the model's first start does not walk its vocabulary
