@@ -105,7 +105,9 @@ class ModelStore:
         self._open = opener
         self._pip = pip_runner or run_pip
         self._validate = validate or _default_validate
-        self._keep = keep or _default_keep  # a pulled file's check, kept for its first start
+        # a pulled file's check, kept for its first start: the default validator's result; a
+        # validator of the caller's own pairs with its own `keep`, or none
+        self._keep = keep or (_default_keep if validate is None else _keep_nothing)
 
     # --- queries -------------------------------------------------------
 
@@ -274,12 +276,15 @@ def _default_validate(path: Path) -> Any:
 
 
 def _default_keep(path: Path, info: Any) -> None:
-    """The download's check, kept for the file in the store (gguf/validate.keep_checked)."""
-    from edge.gguf import GGUFInfo
+    """`_default_validate`'s check of a download, kept for the file in the store
+    (gguf/validate.keep_checked)."""
     from edge.gguf.validate import keep_checked
 
-    if isinstance(info, GGUFInfo):
-        keep_checked(path, info)
+    keep_checked(path, info)
+
+
+def _keep_nothing(path: Path, info: Any) -> None:
+    return None
 
 
 def store_for(settings: Settings) -> ModelStore:
