@@ -36,12 +36,14 @@ class FakeCtx:
     state_size: int = 100
     sized: int = 0  # seq_state_size calls
     primed: tuple[int, ...] = ()  # sequence 0's tokens from before the engine (llama/prime.py)
+    ops: list[str] = field(default_factory=list)  # every KV call in order: "rm 0", "save 1", "restore 0"
 
     def settle(self) -> None:
         """No other thread decodes into a fake context."""
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         self.removed.append((seq_id, p0, p1))
+        self.ops.append(f"rm {seq_id}" if p0 < 0 else f"rm {seq_id} from {p0}")
         return True
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
@@ -53,10 +55,12 @@ class FakeCtx:
 
     def seq_state(self, seq_id: int) -> bytes:
         self.saved.append(seq_id)
+        self.ops.append(f"save {seq_id}")
         return f"cells of {seq_id}, save {len(self.saved)}".encode()
 
     def set_seq_state(self, seq_id: int, data: bytes) -> bool:
         self.restored.append((seq_id, data))
+        self.ops.append(f"restore {seq_id}")
         return self.restore_ok
 
     def seq_pos_min(self, seq_id: int) -> int:
@@ -231,6 +235,21 @@ def test_idle_caches_leave_the_kv_cache_for_host_memory_and_come_back() -> None:
     assert ctx.saved == [0, 0] and (0, -1, -1) in ctx.removed  # B moved out in its turn
     assert loop.slots[0].tokens == [] and loop.slots[1].tokens == [1, 2, 3, 10, 11, 5, 6, 30]
     assert loop.stats is not None and loop.stats.prompt_cache_restored == 1
+
+
+def test_idle_caches_leave_before_a_restore_places_its_cells() -> None:
+    """llama.cpp places restored cells at its head: restored beside an idle cache about to go,
+    they held the unified cache's top cell up, and every step of that sequence attended over
+    the departed cache's span (a story after a 1,100-token prompt: 1,109 cells instead of 208)."""
+    loop, ctx, _batch = _loop(share=True, host_bytes=1 << 20)
+    _submit(loop, _seq([1, 2, 3, 10, 11], [5, EOS]))  # A, slot 0
+    _run(loop)
+    _submit(loop, _seq([4, 5, 6], [EOS]))  # B, slot 1: A's cache goes to host memory
+    _run(loop)
+    ctx.ops.clear()
+    _submit(loop, _seq([1, 2, 3, 10, 11, 5, 30], [EOS]))  # A's next turn: restored into slot 0
+    _run(loop)
+    assert ctx.ops == ["save 1", "rm 1", "rm 0", "restore 0"]  # B left before A came back
 
 
 def test_a_cache_one_admission_restores_survives_another_stashing_its_extension() -> None:

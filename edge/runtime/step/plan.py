@@ -168,7 +168,8 @@ class Admit:
     slot `source`'s first n_keep cells, shared, or stashed cache `restore`'s), after dropping
     the prompt caches of the idle slots in `evict`. The idle slots in `stash` move their
     caches to host memory: `seq_id` itself first (when its own cache is not kept whole), the
-    others once the new sequence has its prefix."""
+    others before a restore places its cells (kvops.py says why), or after `source`'s prefix is
+    shared."""
 
     key: tuple[int, int]
     seq_id: int
