@@ -48,21 +48,21 @@ class SlotKV:
         refused = 0
         if a.seq_id in a.stash:
             refused += self._stash(live, slot, drop=False, keep=restoring)  # not kept whole
-        others = [sid for sid in a.stash if sid != a.seq_id]
-        if a.source >= 0:  # the source's cells are shared where they lie: it goes after the copy
+        others = [self.slots[sid] for sid in a.stash if sid != a.seq_id]
+        # a shared prefix's cells lie where the source put them: the source stays until the copy.
+        # Otherwise the others leave first: a restore's cells (and a prompt's) are placed at
+        # llama.cpp's head, and behind caches about to go they would hold the pool's top cell up
+        first = a.source < 0
+        if first:
+            refused += sum(self._stash(live, other, keep=restoring) for other in others)
+        if a.source >= 0:
             n_keep = self._share_prefix(live, slot, self.slots[a.source], a.n_keep)
+        elif a.restore >= 0:
+            n_keep = self._restore(live, slot, a.restore, a.n_keep)
         else:
-            # the others leave first: a restore's cells (and a prompt's) are placed at llama.cpp's
-            # head, and behind caches about to go they would hold the cache's top cell up high
-            for sid in others:
-                refused += self._stash(live, self.slots[sid], keep=restoring)
-            others = []
-            if a.restore >= 0:
-                n_keep = self._restore(live, slot, a.restore, a.n_keep)
-            else:
-                n_keep = self.trim(live, slot, a.n_keep)
-        for sid in others:
-            refused += self._stash(live, self.slots[sid], keep=restoring)
+            n_keep = self.trim(live, slot, a.n_keep)
+        if not first:
+            refused += sum(self._stash(live, other, keep=restoring) for other in others)
         return Taken(n_keep, refused)
 
     def trim(self, live: Live, slot: Slot, n_keep: int) -> int:
