@@ -181,9 +181,28 @@ def test_step_cost_interpolates_and_extrapolates() -> None:
     assert c.cost(5) == pytest.approx(0.010 + 4 * 0.001)  # prior: 10 % of a one-token step per token
     c.observe(9, 0.018)
     assert c.cost(5) == pytest.approx(0.014)  # between the measured neighbours
-    c.observe(1, 0.020)
-    assert c.cost(1) == pytest.approx(0.012)  # an exponential average, not the last figure
-    assert StepCost.from_table(c.table()).cost(5) == c.cost(5)
+    c.observe(1, 0.020)  # twice as slow: an average, not the last figure, and mostly the machine's
+    assert 0.010 < c.cost(1) < 0.020
+    assert c.cost(9) == pytest.approx(0.018 * 2**StepCost.SPEED_ALPHA)  # every size follows the speed
+    assert StepCost.from_table(c.table()).cost(5) == pytest.approx(c.cost(5))
+
+
+def test_step_cost_keeps_its_shape_through_a_slow_stretch_seen_at_one_size() -> None:
+    """Beside a neighbour only the sizes then in use are measured, 2.2x slow; once it is gone
+    and a few steps of one size ran at full speed again, every size is back where it was, in
+    proportion (learnt per size alone, the 17-token verify stayed at 2.2x for good)."""
+    c = StepCost()
+    quiet = {n: 0.010 * (1 + 0.25 * (n - 1)) for n in range(1, 18)}
+    for n, s in quiet.items():
+        c.observe(n, s)
+    for _ in range(40):
+        c.observe(1, quiet[1] * 2.2)
+    assert c.cost(17) / c.cost(1) == pytest.approx(quiet[17] / quiet[1], rel=0.1)
+    assert c.cost(17) > quiet[17] * 1.5  # the verify is dear now too: the machine is slow
+    for _ in range(10):
+        c.observe(4, quiet[4])
+    for n in (1, 4, 9, 17):
+        assert c.cost(n) == pytest.approx(quiet[n], rel=0.1), n
 
 
 # --- chooser -----------------------------------------------------------------------------------

@@ -194,24 +194,37 @@ class Acceptance:
 class StepCost:
     """Measured seconds of a decode step as a function of its batch tokens.
 
-    An exponential average per batch size; a size not yet seen is interpolated from its
-    measured neighbours, or beyond them extrapolated along the slope of the two nearest
-    measured sizes; with one size measured, with `prior_slope` (the cost of one more token as
-    a share of a token's). A flat guess below the smallest size measured made a 4-sequence
-    step that had only ever run with drafts look as dear as a 6-token one, so drafting two
-    tokens looked free and it never ran without them to learn otherwise (a scripted 4-stream
-    run lost 11 %: tests/unit/test_spec_never_loses.py).
+    The curve's shape per batch size (`by_n`, seconds at `speed` 1.0: an exponential average
+    per size) times the machine's speed now (`speed`). Each step moves `speed` first, by the
+    step's own size's surprise: a neighbour taking a core, a thread cut or a clock change slows
+    every size alike, and only the sizes then in use are measured. Learnt per size alone, one
+    busy minute left the sizes drafted beside a neighbour (on one thread) at twice the cost of
+    those measured after it, for good, since a size that looks dear is never run to learn
+    otherwise (SmolLM2: 17-token verifies at 268 ms beside a 44 ms 4-token step).
+
+    A size not yet seen is interpolated from its measured neighbours, or beyond them
+    extrapolated along the slope of the two nearest measured sizes; with one size measured,
+    with `prior_slope` (the cost of one more token as a share of a token's). A flat guess below
+    the smallest size measured made a 4-sequence step that had only ever run with drafts look
+    as dear as a 6-token one, so drafting two tokens looked free and it never ran without them
+    to learn otherwise (a scripted 4-stream run lost 11 %: tests/unit/test_spec_never_loses.py).
     """
 
-    ALPHA = 0.2
+    ALPHA = 0.2  # a size's shape
+    SPEED_ALPHA = 0.8  # the machine's speed, in log space: most of a surprise is the machine's
 
     def __init__(self, prior_slope: float = 0.1) -> None:
         self.prior_slope = prior_slope
-        self.by_n: dict[int, float] = {}
+        self.by_n: dict[int, float] = {}  # seconds at speed 1.0
+        self.speed = 1.0
 
     def table(self) -> tuple[tuple[int, float], ...]:
-        """The measurements as plain data (what a step plan reads)."""
-        return tuple(sorted(self.by_n.items()))
+        """The estimates at the speed now, as plain data (what a step plan reads)."""
+        return tuple(sorted((n, v * self.speed) for n, v in self.by_n.items()))
+
+    def seed(self, n_tokens: int, seconds: float) -> None:
+        """A size measured apart from the steps (calibration), at the speed now."""
+        self.by_n[n_tokens] = seconds / self.speed
 
     @classmethod
     def from_table(cls, table: Sequence[tuple[int, float]], prior_slope: float = 0.1) -> StepCost:
@@ -223,10 +236,17 @@ class StepCost:
         if n_tokens <= 0 or seconds <= 0:
             return
         old = self.by_n.get(n_tokens)
-        self.by_n[n_tokens] = seconds if old is None else old + self.ALPHA * (seconds - old)
+        if old is None:
+            self.by_n[n_tokens] = seconds / self.speed
+            return
+        self.speed *= (seconds / (old * self.speed)) ** self.SPEED_ALPHA
+        self.by_n[n_tokens] = old + self.ALPHA * (seconds / self.speed - old)
 
     def cost(self, n_tokens: int) -> float:
-        """Estimated seconds for `n_tokens`; 0.0 while nothing was measured."""
+        """Estimated seconds for `n_tokens` at the speed now; 0.0 while nothing was measured."""
+        return self.speed * self._shape(n_tokens)
+
+    def _shape(self, n_tokens: int) -> float:
         got = self.by_n.get(n_tokens)
         if got is not None:
             return got

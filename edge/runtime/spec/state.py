@@ -155,4 +155,4 @@ class Speculation:
         for sizes the engine has not measured itself; its own measurements stand."""
         for n, seconds in curve.items():
             if n not in self.cost.by_n and seconds > 0:
-                self.cost.by_n[n] = seconds
+                self.cost.seed(n, seconds)
