@@ -40,15 +40,12 @@ TARGETS = {"edge": [], "edge off": ["--speculative", "off"]}
 
 
 def stories(url: str, model_id: str, ban: dict[str, int], n: int, first: int, width: int) -> float:
-    """Completion tokens / wall time of `n` stories one after another (`width` 1) or `n` rounds
-    of `width` stories at once."""
+    """Completion tokens / wall time of `n` rounds of `width` stories at once (one after
+    another at `width` 1)."""
     t0, tokens = time.perf_counter(), 0
     for i in range(n):
-        if width == 1:
-            tokens += story(url, model_id, SUBJECTS[(first + i) % len(SUBJECTS)], ban)
-        else:
-            subjects = [SUBJECTS[(first + i + k) % len(SUBJECTS)] for k in range(width)]
-            tokens += streams(url, model_id, subjects, ban)[0]
+        subjects = [SUBJECTS[(first + i + k) % len(SUBJECTS)] for k in range(width)]
+        tokens += streams(url, model_id, subjects, ban)[0]
     return tokens / (time.perf_counter() - t0)
 
 
